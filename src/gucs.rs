@@ -1,0 +1,336 @@
+//! Every `outbox.*` setting: one static each, registered by [`init`], read through typed getters.
+//!
+//! Durations are stored in the unit PostgreSQL shows for them (ms or s) and handed out as
+//! [`Duration`]; strings are handed out as owned `String`s so callers never hold a pointer into
+//! GUC memory across a reload.
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::time::Duration;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+
+use crate::redis_url;
+
+/// Most relay workers one server can run; sizes the shared-memory slot array.
+pub const MAX_WORKERS: i32 = 32;
+
+/// Database the relay workers connect to.
+static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+/// Number of relay workers started by the postmaster.
+static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
+/// Where events are published; may carry a password, so it is superuser-only.
+static REDIS_URL: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"redis://127.0.0.1:6379"));
+/// Most events one claim takes.
+static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
+/// Safety-net poll, in milliseconds, for when no wake-up arrives.
+static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// Connect, read and write timeout towards Redis, in milliseconds.
+static REDIS_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
+/// Prefix of every stream key; the key is prefix + topic.
+static STREAM_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+/// When positive, streams are trimmed with `MAXLEN ~ n`.
+static STREAM_MAXLEN: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// Channel of the `pg_notify` call made by `outbox_enqueue`; empty turns it off.
+static NOTIFY_CHANNEL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"outbox"));
+/// Largest payload, in bytes of JSON text, that `outbox_enqueue` accepts.
+static MAX_PAYLOAD_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+/// Failed publishes of one event before it moves to `outbox_dead`.
+static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(10);
+/// Age, in seconds, after which published rows are pruned; 0 keeps them forever.
+static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
+/// Idempotent publishing through markers in Redis.
+static DEDUPE: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// Lifetime, in seconds, of a dedupe marker left behind by a crash.
+static DEDUPE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 3600);
+
+/// Registers every setting. Called from `_PG_init`, preloaded or not, so that `SET` and `SHOW`
+/// work in any backend that loaded the library.
+pub fn init() {
+    GucRegistry::define_string_guc(
+        c"outbox.database",
+        c"Database the outbox relay workers connect to.",
+        c"CREATE EXTENSION outbox must be run in this database.",
+        &DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.workers",
+        c"Number of outbox relay workers; 0 disables relaying.",
+        c"Several workers claim disjoint batches with FOR UPDATE SKIP LOCKED.",
+        &WORKERS,
+        0,
+        MAX_WORKERS,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    // SAFETY: the check hook is a #[pg_guard] function that only reads its arguments.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.redis_url",
+            c"Redis server the outbox relay publishes to (redis:// or rediss://).",
+            c"May contain a password; only superusers can read it, and logs show it masked.",
+            &REDIS_URL,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY,
+            Some(check_redis_url),
+            None,
+            None,
+        );
+    }
+    GucRegistry::define_int_guc(
+        c"outbox.batch_size",
+        c"Most events one relay claim takes.",
+        c"",
+        &BATCH_SIZE,
+        1,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.poll_interval",
+        c"How often the relay polls when no commit wakes it.",
+        c"Wake-ups at commit make this a safety net, not the source of latency.",
+        &POLL_INTERVAL_MS,
+        10,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.redis_timeout",
+        c"Connect, read and write timeout towards Redis.",
+        c"",
+        &REDIS_TIMEOUT_MS,
+        10,
+        600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_string_guc(
+        c"outbox.stream_prefix",
+        c"Prefix of the Redis stream key; the key is prefix + topic.",
+        c"",
+        &STREAM_PREFIX,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.stream_maxlen",
+        c"When positive, streams are trimmed with XADD MAXLEN ~ n.",
+        c"",
+        &STREAM_MAXLEN,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    // SAFETY: the check hook is a #[pg_guard] function that only reads its arguments.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.notify_channel",
+            c"Channel of the pg_notify call made by outbox_enqueue; empty turns it off.",
+            c"A transaction that notifies takes a global lock at commit; empty it if nobody listens.",
+            &NOTIFY_CHANNEL,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_notify_channel),
+            None,
+            None,
+        );
+    }
+    GucRegistry::define_int_guc(
+        c"outbox.max_payload_size",
+        c"Largest payload, as JSON text, that outbox_enqueue accepts.",
+        c"",
+        &MAX_PAYLOAD_SIZE,
+        1,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.max_attempts",
+        c"Failed publishes of one event before it moves to outbox_dead.",
+        c"",
+        &MAX_ATTEMPTS,
+        1,
+        1_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.retention",
+        c"Published rows older than this are deleted by the relay; 0 keeps them forever.",
+        c"",
+        &RETENTION_S,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_bool_guc(
+        c"outbox.dedupe",
+        c"Publish idempotently: a batch republished after a relay crash adds no second entry.",
+        c"",
+        &DEDUPE,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.dedupe_ttl",
+        c"How long a dedupe marker left behind by a relay crash lives in Redis.",
+        c"",
+        &DEDUPE_TTL_S,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+}
+
+fn string(setting: &GucSetting<Option<CString>>) -> String {
+    setting.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+fn millis(setting: &GucSetting<i32>) -> Duration {
+    Duration::from_millis(setting.get().max(0) as u64)
+}
+
+fn seconds(setting: &GucSetting<i32>) -> Duration {
+    Duration::from_secs(setting.get().max(0) as u64)
+}
+
+pub fn database() -> String {
+    string(&DATABASE)
+}
+
+pub fn workers() -> usize {
+    WORKERS.get().clamp(0, MAX_WORKERS) as usize
+}
+
+pub fn redis_url() -> String {
+    string(&REDIS_URL)
+}
+
+pub fn batch_size() -> usize {
+    BATCH_SIZE.get().max(1) as usize
+}
+
+pub fn poll_interval() -> Duration {
+    millis(&POLL_INTERVAL_MS)
+}
+
+pub fn redis_timeout() -> Duration {
+    millis(&REDIS_TIMEOUT_MS)
+}
+
+pub fn stream_prefix() -> String {
+    string(&STREAM_PREFIX)
+}
+
+pub fn stream_maxlen() -> u64 {
+    STREAM_MAXLEN.get().max(0) as u64
+}
+
+/// The notify channel without copying it: `outbox_enqueue` reads it on every call.
+/// `None` when the setting is empty.
+pub fn notify_channel_ptr() -> Option<*const c_char> {
+    let raw = NOTIFY_CHANNEL.as_ptr();
+    // SAFETY: `raw` points at the GUC variable; PostgreSQL keeps it either null or pointing at a
+    // NUL-terminated string it owns until the next assignment, which cannot happen during a call.
+    unsafe {
+        let ptr = *raw;
+        if ptr.is_null() || *ptr == 0 {
+            None
+        } else {
+            Some(ptr.cast_const())
+        }
+    }
+}
+
+pub fn max_payload_size() -> usize {
+    MAX_PAYLOAD_SIZE.get().max(1) as usize
+}
+
+pub fn max_attempts() -> i32 {
+    MAX_ATTEMPTS.get().max(1)
+}
+
+/// `None` when history is kept forever.
+pub fn retention() -> Option<Duration> {
+    let d = seconds(&RETENTION_S);
+    (!d.is_zero()).then_some(d)
+}
+
+pub fn dedupe() -> bool {
+    DEDUPE.get()
+}
+
+pub fn dedupe_ttl() -> Duration {
+    seconds(&DEDUPE_TTL_S)
+}
+
+/// Reads a GUC check hook's candidate value.
+///
+/// # Safety
+/// `newval` must be the pointer PostgreSQL passes to a string check hook.
+unsafe fn candidate<'a>(newval: *mut *mut c_char) -> Option<&'a str> {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let ptr = *newval;
+        if ptr.is_null() {
+            None
+        } else {
+            CStr::from_ptr(ptr).to_str().ok()
+        }
+    }
+}
+
+/// Sets the detail message of a failed GUC check.
+fn check_detail(message: &str) {
+    let msg = CString::new(message.replace('\0', "")).unwrap_or_default();
+    // SAFETY: GUC_check_errdetail_string is PostgreSQL's documented way for a check hook to report
+    // a detail; it takes ownership of a palloc'd string, which pstrdup makes.
+    unsafe {
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(msg.as_ptr());
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_redis_url(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    let value = unsafe { candidate(newval) }.unwrap_or("");
+    match redis_url::validate(value) {
+        Ok(()) => true,
+        Err(why) => {
+            check_detail(&why);
+            false
+        }
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_notify_channel(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    let value = unsafe { candidate(newval) }.unwrap_or("");
+    if value.len() >= pg_sys::NAMEDATALEN as usize {
+        check_detail(&format!(
+            "A notification channel name is at most {} bytes long.",
+            pg_sys::NAMEDATALEN - 1
+        ));
+        return false;
+    }
+    true
+}

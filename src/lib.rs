@@ -1,0 +1,50 @@
+//! `outbox`: the transactional outbox inside PostgreSQL.
+//!
+//! `outbox_enqueue` writes an event in the caller's transaction; background workers relay the
+//! committed events to Redis Streams. The SQL surface is hand-written in `sql/outbox.sql`.
+
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+mod enqueue;
+mod gucs;
+mod redis_url;
+mod relay;
+mod shmem;
+mod status;
+mod wake;
+
+::pgrx::pg_module_magic!(name, version);
+
+extension_sql_file!("../sql/outbox.sql", name = "outbox_objects", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::init();
+    // SAFETY: plain reads of postmaster globals during library load.
+    let (binary_upgrade, preloading) =
+        unsafe { (pg_sys::IsBinaryUpgrade, pg_sys::process_shared_preload_libraries_in_progress) };
+    if binary_upgrade {
+        // pg_upgrade starts servers with our library preloaded; relaying there would be wrong.
+        return;
+    }
+    if !preloading {
+        ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+            "outbox is not in shared_preload_libraries: events are enqueued but no relay is running",
+            function_name!(),
+        )
+        .set_hint("Add 'outbox' to shared_preload_libraries in postgresql.conf and restart the server.")
+        .report(PgLogLevel::LOG);
+        return;
+    }
+    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+    // SAFETY: reserving our GUC prefix makes typos such as outbox.worker warn at startup.
+    unsafe {
+        pg_sys::MarkGUCPrefixReserved(c"outbox".as_ptr());
+    }
+    shmem::init();
+    relay::register_workers();
+}

@@ -1,0 +1,82 @@
+//! How long the relay waits after a failure. Pure logic, unit-tested.
+
+use std::time::Duration;
+
+/// First wait after Redis becomes unreachable.
+pub const INITIAL: Duration = Duration::from_millis(100);
+/// Longest wait between two attempts to reach Redis.
+pub const CAP: Duration = Duration::from_secs(10);
+/// Longest wait before an event that Redis rejected is tried again.
+pub const EVENT_RETRY_CAP: Duration = Duration::from_secs(60);
+
+/// Exponential backoff for a lost Redis: 100 ms, 200 ms, 400 ms ... capped at [`CAP`].
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    /// Records one more failure and returns how long to wait before the next attempt.
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = doubling(INITIAL, self.failures, CAP);
+        self.failures = self.failures.saturating_add(1);
+        delay
+    }
+
+    /// Whether the last attempt failed.
+    pub fn is_failing(&self) -> bool {
+        self.failures > 0
+    }
+
+    /// Records a success; returns whether that ends a run of failures.
+    pub fn reset(&mut self) -> bool {
+        std::mem::take(&mut self.failures) > 0
+    }
+}
+
+/// Wait before an event that Redis rejected `attempts` times is claimed again: 1 s, 2 s, 4 s ...
+/// capped at [`EVENT_RETRY_CAP`], so that a poison event costs little while it exhausts
+/// `outbox.max_attempts` and the events behind it flow on.
+pub fn event_retry_delay(attempts: i32) -> Duration {
+    doubling(Duration::from_secs(1), attempts.saturating_sub(1).max(0) as u32, EVENT_RETRY_CAP)
+}
+
+fn doubling(base: Duration, exponent: u32, cap: Duration) -> Duration {
+    base.checked_mul(2u32.saturating_pow(exponent.min(31))).map_or(cap, |d| d.min(cap))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubles_up_to_the_cap() {
+        let mut b = Backoff::default();
+        let delays: Vec<u128> = (0..10).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]);
+        for _ in 0..100 {
+            assert_eq!(b.next_delay(), CAP);
+        }
+    }
+
+    #[test]
+    fn reset_reports_the_end_of_a_failure_run() {
+        let mut b = Backoff::default();
+        assert!(!b.reset());
+        b.next_delay();
+        assert!(b.is_failing());
+        assert!(b.reset());
+        assert!(!b.is_failing());
+        assert_eq!(b.next_delay(), INITIAL);
+    }
+
+    #[test]
+    fn event_retries_back_off_per_attempt() {
+        assert_eq!(event_retry_delay(0), Duration::from_secs(1));
+        assert_eq!(event_retry_delay(1), Duration::from_secs(1));
+        assert_eq!(event_retry_delay(2), Duration::from_secs(2));
+        assert_eq!(event_retry_delay(4), Duration::from_secs(8));
+        assert_eq!(event_retry_delay(7), EVENT_RETRY_CAP);
+        assert_eq!(event_retry_delay(i32::MAX), EVENT_RETRY_CAP);
+    }
+}

@@ -1,0 +1,134 @@
+//! What an event looks like on its way to Redis: stream keys, entry fields, marker keys and the
+//! RFC 3339 timestamp. Pure functions, unit-tested without a server.
+
+use std::collections::HashMap;
+
+/// One claimed event, as the relay reads it from the `outbox` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub id: i64,
+    pub topic: String,
+    /// The payload's JSON text.
+    pub payload: String,
+    /// `created_at` as a PostgreSQL `TimestampTz`: microseconds since 2000-01-01 00:00 UTC.
+    pub created_at: i64,
+}
+
+impl Event {
+    /// The entry's field/value pairs, in the contract's order.
+    pub fn fields(&self) -> [(&'static str, String); 4] {
+        [
+            ("id", self.id.to_string()),
+            ("topic", self.topic.clone()),
+            ("payload", self.payload.clone()),
+            ("created_at", rfc3339(self.created_at)),
+        ]
+    }
+}
+
+/// The stream an event goes to.
+pub fn stream_key(prefix: &str, topic: &str) -> String {
+    format!("{prefix}{topic}")
+}
+
+/// The dedupe marker of one event. `namespace` tells apart the databases that share a Redis.
+pub fn marker_key(namespace: &str, id: i64) -> String {
+    format!("outbox:dedupe:{namespace}:{id}")
+}
+
+/// Groups events by stream key: each group holds positions in `events`, in the order given
+/// (claims come in id order), and groups come in order of first appearance.
+pub fn group_by_stream(prefix: &str, events: &[Event]) -> Vec<(String, Vec<usize>)> {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for (position, event) in events.iter().enumerate() {
+        match index.get(event.topic.as_str()) {
+            Some(&group) => groups[group].1.push(position),
+            None => {
+                index.insert(&event.topic, groups.len());
+                groups.push((stream_key(prefix, &event.topic), vec![position]));
+            }
+        }
+    }
+    groups
+}
+
+/// Seconds between 1970-01-01 and 2000-01-01, PostgreSQL's epoch.
+const PG_EPOCH_UNIX_SECONDS: i64 = 946_684_800;
+
+/// Formats a `TimestampTz` as RFC 3339 in UTC with microseconds: `2026-11-29T23:01:44.123456Z`.
+pub fn rfc3339(timestamp: i64) -> String {
+    let unix_micros = timestamp + PG_EPOCH_UNIX_SECONDS * 1_000_000;
+    let seconds = unix_micros.div_euclid(1_000_000);
+    let micros = unix_micros.rem_euclid(1_000_000);
+    let days = seconds.div_euclid(86_400);
+    let second_of_day = seconds.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        second_of_day / 3600,
+        second_of_day % 3600 / 60,
+        second_of_day % 60
+    )
+}
+
+/// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: i64, topic: &str) -> Event {
+        Event { id, topic: topic.into(), payload: "{}".into(), created_at: 0 }
+    }
+
+    #[test]
+    fn formats_timestamps_in_utc() {
+        assert_eq!(rfc3339(0), "2000-01-01T00:00:00.000000Z");
+        assert_eq!(rfc3339(1), "2000-01-01T00:00:00.000001Z");
+        assert_eq!(rfc3339(-1), "1999-12-31T23:59:59.999999Z");
+        // 2024-02-29 12:34:56.789 UTC is 1709210096.789 Unix seconds.
+        let leap = (1_709_210_096 - PG_EPOCH_UNIX_SECONDS) * 1_000_000 + 789_000;
+        assert_eq!(rfc3339(leap), "2024-02-29T12:34:56.789000Z");
+        // 2026-11-29 23:01:44 UTC is 1795993304 Unix seconds.
+        let today = (1_795_993_304 - PG_EPOCH_UNIX_SECONDS) * 1_000_000;
+        assert_eq!(rfc3339(today), "2026-11-29T23:01:44.000000Z");
+    }
+
+    #[test]
+    fn fields_follow_the_contract() {
+        let e = Event { id: 7, topic: "account.created".into(), payload: r#"{"a": 1}"#.into(), created_at: 0 };
+        let names: Vec<&str> = e.fields().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["id", "topic", "payload", "created_at"]);
+        assert_eq!(e.fields()[0].1, "7");
+        assert_eq!(e.fields()[2].1, r#"{"a": 1}"#);
+    }
+
+    #[test]
+    fn keys_use_prefix_and_namespace() {
+        assert_eq!(stream_key("", "a.b"), "a.b");
+        assert_eq!(stream_key("app:", "a.b"), "app:a.b");
+        assert_eq!(marker_key("42.5", 9), "outbox:dedupe:42.5:9");
+    }
+
+    #[test]
+    fn groups_keep_id_order_per_stream() {
+        let events = [event(1, "a"), event(2, "b"), event(3, "a"), event(4, "c"), event(5, "b")];
+        let groups = group_by_stream("p:", &events);
+        let shape: Vec<(&str, Vec<usize>)> =
+            groups.iter().map(|(k, positions)| (k.as_str(), positions.clone())).collect();
+        assert_eq!(shape, [("p:a", vec![0, 2]), ("p:b", vec![1, 4]), ("p:c", vec![3])]);
+    }
+}

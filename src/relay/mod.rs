@@ -1,0 +1,557 @@
+//! The relay: `outbox.workers` background workers, each looping claim → publish → mark in one
+//! transaction, woken at commit and polling as a safety net.
+//!
+//! Publishing precedes marking, so a crash between them publishes the batch again instead of
+//! losing it (and with `outbox.dedupe` the markers in Redis absorb the repeat). Failures are
+//! logged when the worker's situation changes (Redis lost, Redis back, an event rejected,
+//! an event buried), never once per retry.
+
+pub mod backoff;
+mod claim;
+pub mod encode;
+mod prune;
+pub mod publish;
+
+use std::collections::HashMap;
+use std::ffi::{c_long, CString};
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::shmem::{self, Shared, WorkerSlot, WorkerState};
+use crate::{gucs, redis_url};
+use backoff::Backoff;
+use claim::Statements;
+use publish::{Interrupted, Publisher, Reply, Request, Target};
+
+/// How often the main thread looks up from a Redis call to check for SIGTERM.
+const SIGNAL_TICK: Duration = Duration::from_millis(50);
+/// Least time between two pruning rounds, across all workers.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// Restart delay after a worker exits with an error (or is terminated).
+const RESTART_AFTER: Duration = Duration::from_secs(1);
+
+/// Registers the relay workers; called from `_PG_init` while preloading.
+pub fn register_workers() {
+    for slot in 0..gucs::workers() {
+        BackgroundWorkerBuilder::new(&format!("outbox relay {slot}"))
+            .set_type("outbox relay")
+            .set_library("outbox")
+            .set_function("outbox_relay_main")
+            .set_argument((slot as i32).into_datum())
+            .enable_spi_access()
+            // Starting at consistent state lets a hot standby's worker wait for promotion.
+            .set_start_time(BgWorkerStartTime::ConsistentState)
+            .set_restart_time(Some(RESTART_AFTER))
+            .load();
+    }
+}
+
+/// Entry point of a relay worker.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
+    // SAFETY: the postmaster passes the Int32 datum set by register_workers.
+    let index = unsafe { i32::from_polymorphic_datum(arg, false, pg_sys::INT4OID) }
+        .unwrap_or(0)
+        .clamp(0, gucs::MAX_WORKERS - 1) as usize;
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let Some(shared) = shmem::shared() else {
+        error!("outbox relay: shared memory is missing; is outbox in shared_preload_libraries?");
+    };
+    let slot = &shared.slots[index];
+    // SAFETY: MyProcPid and MyLatch are this process's own, valid for its life; the exit
+    // callback clears the slot however the process ends.
+    unsafe {
+        slot.attach(pg_sys::MyProcPid, pg_sys::MyLatch);
+        pg_sys::before_shmem_exit(Some(detach_slot), pg_sys::Datum::from(index));
+    }
+    set_option(c"application_name", &format!("outbox relay {index}"));
+    // A claim planned during a large backlog would otherwise be JIT-compiled on every poll.
+    set_option(c"jit", "off");
+    set_option(c"statement_timeout", "0");
+    set_option(c"lock_timeout", "0");
+    set_option(c"idle_in_transaction_session_timeout", "0");
+
+    BackgroundWorker::connect_worker_to_spi(Some(&gucs::database()), None);
+
+    let mut relay = Relay::new(index, shared);
+    relay.log_config("started");
+    relay.run();
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn detach_slot(_code: i32, arg: pg_sys::Datum) {
+    if let Some(shared) = shmem::shared() {
+        shared.slots[arg.value().min(gucs::MAX_WORKERS as usize - 1)].detach();
+    }
+}
+
+fn set_option(name: &std::ffi::CStr, value: &str) {
+    let value = CString::new(value).unwrap_or_default();
+    // SAFETY: setting a GUC in our own process from its main thread.
+    unsafe {
+        pg_sys::SetConfigOption(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
+}
+
+fn shutdown_requested() -> bool {
+    // SAFETY: a sig_atomic_t flag set by the SIGTERM handler.
+    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
+}
+
+/// Waits on the latch for at most `timeout`; exits the process if the postmaster died.
+fn wait_latch(timeout: Duration) {
+    // SAFETY: the standard latch wait of a background worker, on its own latch.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            timeout.as_millis().min(c_long::MAX as u128) as c_long,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+}
+
+/// Exits the process if the postmaster has died, without waiting.
+fn exit_if_postmaster_died() {
+    // SAFETY: a zero-timeout wait whose only event is postmaster death; the latch is untouched.
+    unsafe {
+        pg_sys::WaitLatch(
+            std::ptr::null_mut(),
+            (pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            0,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+    }
+}
+
+fn now() -> i64 {
+    // SAFETY: reads the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Runs `body` in a transaction of its own, then reports statistics so autovacuum sees the
+/// relay's updates and deletes while the worker lives.
+fn in_transaction<R>(body: impl FnOnce() -> R) -> R {
+    // SAFETY: the standard transaction bracket of a background worker, outside any transaction.
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let result = body();
+    // SAFETY: closes the bracket opened above.
+    unsafe {
+        pg_sys::PopActiveSnapshot();
+        pg_sys::CommitTransactionCommand();
+        pg_sys::pgstat_report_stat(false);
+    }
+    result
+}
+
+/// What one pass of the loop found.
+enum Pass {
+    /// A full batch went out: claim again at once.
+    Full,
+    /// Less than a full batch: wait for a wake-up or the poll.
+    Drained,
+    /// Redis is unreachable: wait this long, whatever wakes the latch.
+    RedisDown(Duration),
+    /// The extension does not exist (yet) in `outbox.database`.
+    NoExtension,
+}
+
+/// What one transaction did, for the bookkeeping done after it commits.
+struct Batch {
+    pass: Pass,
+    published: u64,
+    markers: Vec<String>,
+}
+
+struct Relay {
+    index: usize,
+    shared: &'static Shared,
+    slot: &'static WorkerSlot,
+    publisher: Publisher,
+    target: Target,
+    batch_size: usize,
+    poll_interval: Duration,
+    max_attempts: i32,
+    retention: Option<Duration>,
+    statements: Option<Statements>,
+    schema: String,
+    state: WorkerState,
+    backoff: Backoff,
+    /// Events Redis rejected, with the time before which they are not claimed again.
+    retry_after: HashMap<i64, Instant>,
+    /// Markers of committed batches, deleted on the next round trip to Redis.
+    committed_markers: Vec<String>,
+}
+
+impl Relay {
+    fn new(index: usize, shared: &'static Shared) -> Relay {
+        // SAFETY: plain reads of process globals, after the database connection is made.
+        let marker_namespace =
+            unsafe { format!("{}.{}", pg_sys::GetSystemIdentifier(), pg_sys::MyDatabaseId.to_u32()) };
+        let mut relay = Relay {
+            index,
+            shared,
+            slot: &shared.slots[index],
+            publisher: Publisher::spawn(),
+            target: Target {
+                url: String::new(),
+                timeout: Duration::ZERO,
+                stream_prefix: String::new(),
+                stream_maxlen: 0,
+                dedupe: true,
+                dedupe_ttl: Duration::ZERO,
+                marker_namespace,
+            },
+            batch_size: 1,
+            poll_interval: Duration::from_secs(1),
+            max_attempts: 1,
+            retention: None,
+            statements: None,
+            schema: String::new(),
+            state: WorkerState::Starting,
+            backoff: Backoff::default(),
+            retry_after: HashMap::new(),
+            committed_markers: Vec::new(),
+        };
+        relay.read_settings();
+        relay
+    }
+
+    fn read_settings(&mut self) {
+        self.target.url = gucs::redis_url();
+        self.target.timeout = gucs::redis_timeout();
+        self.target.stream_prefix = gucs::stream_prefix();
+        self.target.stream_maxlen = gucs::stream_maxlen();
+        self.target.dedupe = gucs::dedupe();
+        self.target.dedupe_ttl = gucs::dedupe_ttl();
+        self.batch_size = gucs::batch_size();
+        self.poll_interval = gucs::poll_interval();
+        self.max_attempts = gucs::max_attempts();
+        self.retention = gucs::retention();
+    }
+
+    fn log_config(&self, event: &str) {
+        let retention = self.retention.map_or("off".to_string(), |r| format!("{}s", r.as_secs()));
+        log!(
+            "outbox relay {} {event}: database={} redis_url={} batch_size={} poll_interval={}ms \
+             redis_timeout={}ms stream_prefix='{}' stream_maxlen={} max_attempts={} retention={} \
+             dedupe={} dedupe_ttl={}s",
+            self.index,
+            gucs::database(),
+            redis_url::mask(&self.target.url),
+            self.batch_size,
+            self.poll_interval.as_millis(),
+            self.target.timeout.as_millis(),
+            self.target.stream_prefix,
+            self.target.stream_maxlen,
+            self.max_attempts,
+            retention,
+            if self.target.dedupe { "on" } else { "off" },
+            self.target.dedupe_ttl.as_secs(),
+        );
+    }
+
+    fn set_state(&mut self, state: WorkerState) {
+        if self.state == state {
+            return;
+        }
+        match state {
+            WorkerState::WaitingForExtension => log!(
+                "outbox relay {}: waiting for CREATE EXTENSION outbox in database {}",
+                self.index,
+                gucs::database()
+            ),
+            WorkerState::Standby => {
+                log!("outbox relay {}: server is a standby; relaying starts on promotion", self.index)
+            }
+            _ if matches!(self.state, WorkerState::WaitingForExtension | WorkerState::Standby) => {
+                log!("outbox relay {}: relaying from schema {}", self.index, self.schema)
+            }
+            _ => {}
+        }
+        self.state = state;
+        self.slot.set_state(state);
+        let activity = match state {
+            WorkerState::Publishing => pg_sys::BackendState::STATE_RUNNING,
+            _ => pg_sys::BackendState::STATE_IDLE,
+        };
+        // SAFETY: reports this backend's own activity.
+        unsafe { pg_sys::pgstat_report_activity(activity, std::ptr::null()) };
+    }
+
+    fn run(&mut self) {
+        loop {
+            if shutdown_requested() {
+                self.exit();
+            }
+            self.reload_if_requested();
+            let pass = self.pass();
+            self.prune_if_due();
+            match pass {
+                Pass::Full => {}
+                Pass::Drained | Pass::NoExtension => wait_latch(self.next_wait()),
+                Pass::RedisDown(delay) => self.sleep(delay),
+            }
+        }
+    }
+
+    /// Exits with code 1: the postmaster restarts a worker stopped by pg_terminate_backend, and
+    /// ignores the code during a shutdown.
+    fn exit(&mut self) -> ! {
+        self.set_state(WorkerState::Stopped);
+        // SAFETY: ends the process; the exit callbacks clear the slot and abort any transaction.
+        unsafe { pg_sys::proc_exit(1) }
+    }
+
+    fn reload_if_requested(&mut self) {
+        // SAFETY: ConfigReloadPending is set by the SIGHUP handler; ProcessConfigFile is what a
+        // background worker must call itself.
+        unsafe {
+            if std::ptr::read_volatile(&raw const pg_sys::ConfigReloadPending) == 0 {
+                return;
+            }
+            pg_sys::ConfigReloadPending = 0;
+            pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+        }
+        let before = (self.target.clone(), self.batch_size, self.poll_interval, self.max_attempts, self.retention);
+        self.read_settings();
+        if before != (self.target.clone(), self.batch_size, self.poll_interval, self.max_attempts, self.retention) {
+            self.log_config("reloaded");
+        }
+    }
+
+    /// Sleeps until `delay` has passed, waking only for SIGTERM and SIGHUP.
+    fn sleep(&mut self, delay: Duration) {
+        let deadline = Instant::now() + delay;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || shutdown_requested() {
+                return;
+            }
+            wait_latch(left);
+            self.reload_if_requested();
+        }
+    }
+
+    /// The poll interval, or less when a rejected event's retry falls due sooner.
+    fn next_wait(&self) -> Duration {
+        let now = Instant::now();
+        self.retry_after
+            .values()
+            .map(|at| at.saturating_duration_since(now))
+            .fold(self.poll_interval, Duration::min)
+            .max(Duration::from_millis(1))
+    }
+
+    fn pass(&mut self) -> Pass {
+        // SAFETY: reads shared recovery state.
+        if unsafe { pg_sys::RecoveryInProgress() } {
+            self.set_state(WorkerState::Standby);
+            return Pass::NoExtension;
+        }
+        let batch = in_transaction(|| self.relay_batch());
+        if batch.published > 0 {
+            let at = now();
+            self.slot.record_batch(batch.published, at);
+            self.shared.last_published_at.fetch_max(at, std::sync::atomic::Ordering::Relaxed);
+        }
+        // The batch is committed: its markers have done their job.
+        self.committed_markers.extend(batch.markers);
+        match batch.pass {
+            Pass::NoExtension => self.set_state(WorkerState::WaitingForExtension),
+            Pass::RedisDown(_) => self.set_state(WorkerState::Backoff),
+            Pass::Full => self.set_state(WorkerState::Publishing),
+            Pass::Drained => self.set_state(WorkerState::Idle),
+        }
+        batch.pass
+    }
+
+    /// Finds the extension, preparing its statements when it is new; `None` if it is missing.
+    fn statements(&mut self) -> Option<&Statements> {
+        // SAFETY: a catalog lookup inside the current transaction.
+        let oid = unsafe { pg_sys::get_extension_oid(c"outbox".as_ptr(), true) };
+        if oid == pg_sys::InvalidOid {
+            self.statements = None;
+            return None;
+        }
+        if self.statements.as_ref().map(|s| s.extension) != Some(oid) {
+            let (oid, schema) = claim::find_extension()?;
+            self.statements = Some(Statements::prepare(oid, &schema));
+            self.schema = schema;
+        }
+        self.statements.as_ref()
+    }
+
+    /// One claim → publish → mark, inside the caller's transaction.
+    fn relay_batch(&mut self) -> Batch {
+        let nothing = |pass| Batch { pass, published: 0, markers: Vec::new() };
+        if self.statements().is_none() {
+            return nothing(Pass::NoExtension);
+        }
+        let now_instant = Instant::now();
+        self.retry_after.retain(|_, at| *at > now_instant);
+        let not_yet: Vec<i64> = self.retry_after.keys().copied().collect();
+        let Some(statements) = self.statements.as_ref() else {
+            return nothing(Pass::NoExtension);
+        };
+        let events = statements.claim(self.batch_size, &not_yet);
+        if events.is_empty() && self.committed_markers.is_empty() {
+            return nothing(Pass::Drained);
+        }
+        let claimed = events.len();
+        if claimed > 0 {
+            self.set_state(WorkerState::Publishing);
+        }
+        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        let topics: Vec<String> = events.iter().map(|e| e.topic.clone()).collect();
+        let request = Request {
+            target: self.target.clone(),
+            events,
+            committed_markers: std::mem::take(&mut self.committed_markers),
+        };
+        let markers_sent = request.committed_markers.clone();
+        let reply = match self.publisher.publish(request, SIGNAL_TICK, || {
+            exit_if_postmaster_died();
+            !shutdown_requested()
+        }) {
+            Ok(reply) => reply,
+            Err(Interrupted::Stopped) => self.exit(),
+        };
+        match reply {
+            Reply::Unavailable(error) => {
+                self.committed_markers = markers_sent;
+                if !self.backoff.is_failing() {
+                    warning!(
+                        "outbox relay {}: lost Redis at {}: {error}; retrying with backoff up to {}s",
+                        self.index,
+                        redis_url::mask(&self.target.url),
+                        backoff::CAP.as_secs()
+                    );
+                }
+                self.slot.set_error(Some(&error), now());
+                nothing(Pass::RedisDown(self.backoff.next_delay()))
+            }
+            Reply::Answered { results, markers } => {
+                if self.backoff.reset() {
+                    log!(
+                        "outbox relay {}: Redis at {} is reachable again",
+                        self.index,
+                        redis_url::mask(&self.target.url)
+                    );
+                    self.slot.set_error(None, now());
+                }
+                let mut published = Vec::with_capacity(claimed);
+                let mut failures = Vec::new();
+                for ((id, topic), result) in ids.into_iter().zip(&topics).zip(results) {
+                    match result {
+                        Ok(()) => published.push(id),
+                        Err(error) => failures.push((id, topic.clone(), error)),
+                    }
+                }
+                let count = published.len() as u64;
+                let Some(statements) = self.statements.as_ref() else {
+                    return nothing(Pass::NoExtension);
+                };
+                if !published.is_empty() {
+                    statements.mark_published(published);
+                }
+                if !failures.is_empty() {
+                    self.charge_failures(failures);
+                }
+                let pass = if claimed == self.batch_size { Pass::Full } else { Pass::Drained };
+                Batch { pass, published: count, markers }
+            }
+        }
+    }
+
+    /// Charges an attempt to each event Redis rejected; buries those out of attempts.
+    fn charge_failures(&mut self, failures: Vec<(i64, String, String)>) {
+        let Some(statements) = self.statements.as_ref() else { return };
+        let errors: HashMap<i64, (String, String)> =
+            failures.iter().map(|(id, topic, e)| (*id, (topic.clone(), e.clone()))).collect();
+        let attempts =
+            statements.record_failures(failures.into_iter().map(|(id, _, e)| (id, e)).collect());
+        let mut exhausted = Vec::new();
+        for (id, attempts) in attempts {
+            let (topic, error) = errors.get(&id).cloned().unwrap_or_default();
+            if attempts >= self.max_attempts {
+                warning!(
+                    "outbox relay {}: event {id} (topic {topic}) moved to outbox_dead after \
+                     {attempts} failed attempts: {error}",
+                    self.index
+                );
+                exhausted.push(id);
+                self.retry_after.remove(&id);
+            } else {
+                if attempts == 1 {
+                    warning!(
+                        "outbox relay {}: Redis rejected event {id} (topic {topic}): {error}; \
+                         it will be retried up to outbox.max_attempts ({}) times",
+                        self.index,
+                        self.max_attempts
+                    );
+                }
+                self.retry_after.insert(id, Instant::now() + backoff::event_retry_delay(attempts));
+            }
+        }
+        if !exhausted.is_empty() {
+            statements.bury(exhausted);
+        }
+        self.slot.set_error(errors.values().next().map(|(_, e)| e.as_str()), now());
+    }
+
+    /// Runs a pruning round when retention is on, a minute has passed since the last round of
+    /// any worker, and this worker wins the race to start it.
+    fn prune_if_due(&mut self) {
+        let Some(retention) = self.retention else { return };
+        if self.statements.is_none() {
+            return;
+        }
+        let at = now();
+        let due = self.shared.next_prune_at.load(std::sync::atomic::Ordering::Relaxed);
+        if at < due {
+            return;
+        }
+        let next = at + PRUNE_EVERY.as_micros() as i64;
+        if self
+            .shared
+            .next_prune_at
+            .compare_exchange(due, next, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let schema = self.schema.clone();
+        let Some((low, high)) = in_transaction(|| prune::id_span(&schema)) else { return };
+        let mut from = low;
+        let mut deleted = 0;
+        for _ in 0..prune::MAX_RANGES_PER_ROUND {
+            if from > high || shutdown_requested() {
+                break;
+            }
+            let (gone, reached_recent) = in_transaction(|| prune::prune_range(&schema, from, retention));
+            deleted += gone;
+            if reached_recent {
+                break;
+            }
+            from = from.saturating_add(prune::RANGE);
+        }
+        if deleted > 0 {
+            debug1!("outbox relay {}: pruned {deleted} published events", self.index);
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! Redis: a thread of its own that publishes one batch per round trip.
+//!
+//! The worker's main thread, the only one that calls PostgreSQL, hands a batch over a channel
+//! and waits for the reply while it keeps watching for SIGTERM and postmaster death, so a Redis
+//! that hangs never holds up a shutdown. The thread keeps one connection and reconnects after
+//! any connection-level failure.
+
+use std::thread;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use redis::Value;
+
+use super::encode::{group_by_stream, marker_key, Event};
+use crate::redis_url;
+
+const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
+
+/// Where and how to publish: a snapshot of the settings, taken by the main thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub url: String,
+    pub timeout: Duration,
+    pub stream_prefix: String,
+    pub stream_maxlen: u64,
+    pub dedupe: bool,
+    pub dedupe_ttl: Duration,
+    /// Tells apart databases sharing a Redis in marker keys.
+    pub marker_namespace: String,
+}
+
+pub struct Request {
+    pub target: Target,
+    pub events: Vec<Event>,
+    /// Markers of batches whose transaction has committed: deleted in the same round trip.
+    pub committed_markers: Vec<String>,
+}
+
+/// What became of a batch.
+pub enum Reply {
+    /// Redis answered: one result per event, in the batch's order, and the marker keys the
+    /// batch left behind (with dedupe on) to delete once the batch is marked.
+    Answered { results: Vec<Result<(), String>>, markers: Vec<String> },
+    /// Redis could not be used at all; nothing may be marked.
+    Unavailable(String),
+}
+
+/// Whether a Redis error code concerns one event (its key) or the whole server.
+pub fn is_server_wide(code: &str) -> bool {
+    matches!(
+        code,
+        "NOAUTH"
+            | "WRONGPASS"
+            | "LOADING"
+            | "READONLY"
+            | "MASTERDOWN"
+            | "BUSY"
+            | "OOM"
+            | "CLUSTERDOWN"
+            | "TRYAGAIN"
+            | "MISCONF"
+            | "NOREPLICAS"
+            | "NOSCRIPT"
+            | "EXECABORT"
+    )
+}
+
+/// The first word of a Redis error message, its code.
+fn error_code(message: &str) -> &str {
+    message.split_whitespace().next().unwrap_or("")
+}
+
+pub struct Publisher {
+    requests: Sender<Request>,
+    replies: Receiver<Reply>,
+}
+
+/// Why waiting for a reply ended without one.
+pub enum Interrupted {
+    /// The caller's check asked to stop waiting.
+    Stopped,
+}
+
+impl Publisher {
+    pub fn spawn() -> Publisher {
+        let (requests, incoming) = bounded::<Request>(1);
+        let (outgoing, replies) = bounded::<Reply>(1);
+        thread::Builder::new()
+            .name("outbox-redis".into())
+            .spawn(move || serve(incoming, outgoing))
+            .expect("could not start the Redis thread");
+        Publisher { requests, replies }
+    }
+
+    /// Publishes a batch, calling `keep_waiting` every `tick` while Redis has not answered; when
+    /// it returns false the wait ends (the thread finishes the call on its own).
+    pub fn publish(
+        &self,
+        request: Request,
+        tick: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Reply, Interrupted> {
+        if self.requests.send(request).is_err() {
+            return Ok(Reply::Unavailable("the Redis thread has stopped".into()));
+        }
+        loop {
+            match self.replies.recv_timeout(tick) {
+                Ok(reply) => return Ok(reply),
+                Err(RecvTimeoutError::Timeout) => {
+                    if !keep_waiting() {
+                        return Err(Interrupted::Stopped);
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Ok(Reply::Unavailable("the Redis thread has stopped".into()))
+                }
+            }
+        }
+    }
+}
+
+fn serve(incoming: Receiver<Request>, outgoing: Sender<Reply>) {
+    let mut connection: Option<(Target, redis::Connection)> = None;
+    for request in incoming {
+        let reply = handle(&mut connection, request);
+        if outgoing.send(reply).is_err() {
+            return;
+        }
+    }
+}
+
+fn connect(target: &Target) -> Result<redis::Connection, String> {
+    let client = redis::Client::open(target.url.as_str()).map_err(|e| e.to_string())?;
+    let connection =
+        client.get_connection_with_timeout(target.timeout).map_err(|e| e.to_string())?;
+    connection.set_read_timeout(Some(target.timeout)).map_err(|e| e.to_string())?;
+    connection.set_write_timeout(Some(target.timeout)).map_err(|e| e.to_string())?;
+    Ok(connection)
+}
+
+fn handle(slot: &mut Option<(Target, redis::Connection)>, request: Request) -> Reply {
+    let reusable = matches!(slot, Some((t, _)) if t.url == request.target.url && t.timeout == request.target.timeout);
+    if !reusable {
+        *slot = None;
+        match connect(&request.target) {
+            Ok(connection) => *slot = Some((request.target.clone(), connection)),
+            Err(e) => {
+                return Reply::Unavailable(format!(
+                    "cannot connect to {}: {e}",
+                    redis_url::mask(&request.target.url)
+                ))
+            }
+        }
+    }
+    let Some((_, connection)) = slot.as_mut() else {
+        return Reply::Unavailable("no Redis connection".into());
+    };
+
+    let (pipeline, layout) = build_pipeline(&request);
+    match pipeline.query::<Vec<Value>>(connection) {
+        Ok(values) => match read_replies(&request, &layout, values) {
+            Ok(reply) => reply,
+            Err(e) => {
+                *slot = None;
+                Reply::Unavailable(e)
+            }
+        },
+        Err(e) => {
+            *slot = None;
+            Reply::Unavailable(e.to_string())
+        }
+    }
+}
+
+/// How the pipeline's replies map back to events: per command, the batch positions it covers.
+struct Layout {
+    commands: Vec<Vec<usize>>,
+    markers: Vec<String>,
+}
+
+fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
+    let target = &request.target;
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    if !request.committed_markers.is_empty() {
+        pipe.cmd("UNLINK").arg(&request.committed_markers).ignore();
+    }
+    let mut layout = Layout { commands: Vec::new(), markers: Vec::new() };
+    if target.dedupe {
+        let ttl = target.dedupe_ttl.as_secs().max(1);
+        for (stream, positions) in group_by_stream(&target.stream_prefix, &request.events) {
+            let events: Vec<&Event> = positions.iter().map(|&p| &request.events[p]).collect();
+            let markers: Vec<String> =
+                events.iter().map(|e| marker_key(&target.marker_namespace, e.id)).collect();
+            let cmd = pipe
+                .cmd("EVAL")
+                .arg(DEDUPE_SCRIPT)
+                .arg(1 + markers.len())
+                .arg(&stream)
+                .arg(&markers)
+                .arg(target.stream_maxlen)
+                .arg(ttl);
+            for event in &events {
+                for (_, value) in event.fields() {
+                    cmd.arg(value);
+                }
+            }
+            layout.commands.push(positions);
+            layout.markers.extend(markers);
+        }
+    } else {
+        for (index, event) in request.events.iter().enumerate() {
+            let cmd = pipe.cmd("XADD").arg(super::encode::stream_key(&target.stream_prefix, &event.topic));
+            if target.stream_maxlen > 0 {
+                cmd.arg("MAXLEN").arg("~").arg(target.stream_maxlen);
+            }
+            cmd.arg("*");
+            for (name, value) in event.fields() {
+                cmd.arg(name).arg(value);
+            }
+            layout.commands.push(vec![index]);
+        }
+    }
+    (pipe, layout)
+}
+
+/// Turns the pipeline's replies into per-event results. A server-wide error anywhere makes the
+/// whole batch unavailable, so that no event is charged an attempt for it.
+fn read_replies(request: &Request, layout: &Layout, values: Vec<Value>) -> Result<Reply, String> {
+    if values.len() != layout.commands.len() {
+        return Err(format!(
+            "Redis answered {} replies to {} commands",
+            values.len(),
+            layout.commands.len()
+        ));
+    }
+    let mut results: Vec<Result<(), String>> = vec![Ok(()); request.events.len()];
+    for (value, positions) in values.into_iter().zip(&layout.commands) {
+        match value {
+            Value::ServerError(e) => {
+                let message = e.to_string();
+                if is_server_wide(e.code()) {
+                    return Err(message);
+                }
+                for &p in positions {
+                    results[p] = Err(message.clone());
+                }
+            }
+            Value::Array(items) if request.target.dedupe => {
+                if items.len() != positions.len() {
+                    return Err("unexpected reply from the dedupe script".into());
+                }
+                for (item, &p) in items.into_iter().zip(positions) {
+                    if let Some(error) = script_item_error(item)? {
+                        if is_server_wide(error_code(&error)) {
+                            return Err(error);
+                        }
+                        results[p] = Err(error);
+                    }
+                }
+            }
+            Value::BulkString(_) | Value::SimpleString(_) if !request.target.dedupe => {}
+            other => return Err(format!("unexpected reply from Redis: {other:?}")),
+        }
+    }
+    Ok(Reply::Answered { results, markers: layout.markers.clone() })
+}
+
+/// Reads one `{ok, value}` pair of the dedupe script: `None` when the event was published.
+fn script_item_error(item: Value) -> Result<Option<String>, String> {
+    let Value::Array(pair) = item else {
+        return Err("unexpected item from the dedupe script".into());
+    };
+    match pair.as_slice() {
+        [Value::Int(1), _] => Ok(None),
+        [Value::Int(0), Value::BulkString(error)] => {
+            Ok(Some(String::from_utf8_lossy(error).into_owned()))
+        }
+        [Value::Int(0), Value::SimpleString(error)] => Ok(Some(error.clone())),
+        _ => Err("unexpected item from the dedupe script".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_errors_are_per_event_and_the_rest_server_wide() {
+        assert!(!is_server_wide("WRONGTYPE"));
+        assert!(!is_server_wide("ERR"));
+        for code in ["NOAUTH", "WRONGPASS", "OOM", "LOADING", "READONLY", "BUSY", "MISCONF"] {
+            assert!(is_server_wide(code), "{code}");
+        }
+        assert_eq!(error_code("WRONGTYPE Operation against a key"), "WRONGTYPE");
+        assert_eq!(error_code(""), "");
+    }
+
+    #[test]
+    fn script_items_report_errors() {
+        let ok = Value::Array(vec![Value::Int(1), Value::BulkString(b"1-0".to_vec())]);
+        assert_eq!(script_item_error(ok), Ok(None));
+        let bad = Value::Array(vec![Value::Int(0), Value::BulkString(b"WRONGTYPE x".to_vec())]);
+        assert_eq!(script_item_error(bad), Ok(Some("WRONGTYPE x".into())));
+        assert!(script_item_error(Value::Nil).is_err());
+    }
+}

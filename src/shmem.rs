@@ -1,0 +1,322 @@
+//! The shared-memory area: one slot per relay worker (latch, state, counters, last error) and
+//! the few facts the workers share. Exists only when the library is preloaded.
+//!
+//! Everything is an atomic so that the commit callback and the status views never wait on a
+//! lock held by a worker; the last error text is guarded by a per-slot sequence counter.
+
+use std::sync::atomic::{fence, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+use pgrx::pg_sys;
+
+use crate::gucs::MAX_WORKERS;
+
+/// `TimestampTz` value standing for SQL NULL in a slot.
+pub const NO_TIME: i64 = i64::MIN;
+/// Bytes of the last error kept per slot.
+const ERROR_BYTES: usize = 256;
+
+/// What a relay worker is doing, as shown by `outbox_workers.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum WorkerState {
+    Stopped = 0,
+    Starting,
+    Idle,
+    Publishing,
+    Backoff,
+    WaitingForExtension,
+    Standby,
+}
+
+impl WorkerState {
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerState::Stopped => "stopped",
+            WorkerState::Starting => "starting",
+            WorkerState::Idle => "idle",
+            WorkerState::Publishing => "publishing",
+            WorkerState::Backoff => "backoff",
+            WorkerState::WaitingForExtension => "waiting_for_extension",
+            WorkerState::Standby => "standby",
+        }
+    }
+
+    fn from_u8(value: u8) -> WorkerState {
+        match value {
+            1 => WorkerState::Starting,
+            2 => WorkerState::Idle,
+            3 => WorkerState::Publishing,
+            4 => WorkerState::Backoff,
+            5 => WorkerState::WaitingForExtension,
+            6 => WorkerState::Standby,
+            _ => WorkerState::Stopped,
+        }
+    }
+}
+
+#[repr(C)]
+pub struct WorkerSlot {
+    pid: AtomicI32,
+    latch: AtomicPtr<pg_sys::Latch>,
+    state: AtomicU8,
+    published: AtomicU64,
+    last_batch_at: AtomicI64,
+    error_seq: AtomicU32,
+    error_at: AtomicI64,
+    error_len: AtomicU32,
+    error_text: [AtomicU8; ERROR_BYTES],
+}
+
+/// A consistent copy of one slot, for the `outbox_workers` view.
+pub struct SlotSnapshot {
+    pub pid: i32,
+    pub state: WorkerState,
+    pub published: i64,
+    pub last_batch_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<i64>,
+}
+
+fn time_or_null(value: i64) -> Option<i64> {
+    (value != NO_TIME).then_some(value)
+}
+
+impl WorkerSlot {
+    fn new() -> WorkerSlot {
+        WorkerSlot {
+            pid: AtomicI32::new(0),
+            latch: AtomicPtr::new(std::ptr::null_mut()),
+            state: AtomicU8::new(WorkerState::Stopped as u8),
+            published: AtomicU64::new(0),
+            last_batch_at: AtomicI64::new(NO_TIME),
+            error_seq: AtomicU32::new(0),
+            error_at: AtomicI64::new(NO_TIME),
+            error_len: AtomicU32::new(0),
+            error_text: std::array::from_fn(|_| AtomicU8::new(0)),
+        }
+    }
+
+    /// Called by the worker when it starts: counters restart, its latch becomes wakeable.
+    pub fn attach(&self, pid: i32, latch: *mut pg_sys::Latch) {
+        self.published.store(0, Ordering::Relaxed);
+        self.last_batch_at.store(NO_TIME, Ordering::Relaxed);
+        self.set_error(None, NO_TIME);
+        self.state.store(WorkerState::Starting as u8, Ordering::Relaxed);
+        self.latch.store(latch, Ordering::Release);
+        self.pid.store(pid, Ordering::Release);
+    }
+
+    /// Called on the worker's way out, however it exits.
+    pub fn detach(&self) {
+        self.pid.store(0, Ordering::Release);
+        self.latch.store(std::ptr::null_mut(), Ordering::Release);
+        self.state.store(WorkerState::Stopped as u8, Ordering::Relaxed);
+    }
+
+    pub fn set_state(&self, state: WorkerState) {
+        self.state.store(state as u8, Ordering::Relaxed);
+    }
+
+    pub fn record_batch(&self, published: u64, at: i64) {
+        self.published.fetch_add(published, Ordering::Relaxed);
+        self.last_batch_at.store(at, Ordering::Relaxed);
+    }
+
+    /// Sets (or clears, with `None`) the last error. Only the slot's worker writes it.
+    pub fn set_error(&self, error: Option<&str>, at: i64) {
+        let bytes = error.map(|e| truncate(e, ERROR_BYTES)).unwrap_or(b"");
+        self.error_seq.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (cell, byte) in self.error_text.iter().zip(bytes) {
+            cell.store(*byte, Ordering::Relaxed);
+        }
+        self.error_len
+            .store(if error.is_some() { bytes.len() as u32 + 1 } else { 0 }, Ordering::Relaxed);
+        self.error_at.store(if error.is_some() { at } else { NO_TIME }, Ordering::Relaxed);
+        self.error_seq.fetch_add(1, Ordering::Release);
+    }
+
+    fn wake(&self) {
+        let latch = self.latch.load(Ordering::Acquire);
+        if !latch.is_null() {
+            // SAFETY: the pointer is the worker's PGPROC latch, which lives in shared memory for
+            // the server's life; setting a latch that has since been reused only causes a
+            // spurious wake-up of its new owner.
+            unsafe { pg_sys::SetLatch(latch) };
+        }
+    }
+
+    pub fn snapshot(&self) -> SlotSnapshot {
+        let (last_error, last_error_at) = loop {
+            let before = self.error_seq.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let len = self.error_len.load(Ordering::Relaxed) as usize;
+            let at = self.error_at.load(Ordering::Relaxed);
+            let text: Vec<u8> = self.error_text[..len.saturating_sub(1).min(ERROR_BYTES)]
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect();
+            fence(Ordering::Acquire);
+            if self.error_seq.load(Ordering::Relaxed) == before {
+                let error = (len > 0).then(|| String::from_utf8_lossy(&text).into_owned());
+                break (error, time_or_null(at));
+            }
+        };
+        SlotSnapshot {
+            pid: self.pid.load(Ordering::Acquire),
+            state: WorkerState::from_u8(self.state.load(Ordering::Relaxed)),
+            published: self.published.load(Ordering::Relaxed) as i64,
+            last_batch_at: time_or_null(self.last_batch_at.load(Ordering::Relaxed)),
+            last_error,
+            last_error_at,
+        }
+    }
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary.
+fn truncate(text: &str, max: usize) -> &[u8] {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text.as_bytes()[..end]
+}
+
+#[repr(C)]
+pub struct Shared {
+    pub slots: [WorkerSlot; MAX_WORKERS as usize],
+    /// When any worker last marked a batch published.
+    pub last_published_at: AtomicI64,
+    /// Earliest time the next pruning round may start; claimed by compare-and-swap.
+    pub next_prune_at: AtomicI64,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            slots: std::array::from_fn(|_| WorkerSlot::new()),
+            last_published_at: AtomicI64::new(NO_TIME),
+            next_prune_at: AtomicI64::new(0),
+        }
+    }
+
+    /// Sets every running worker's latch.
+    pub fn wake_all(&self) {
+        for slot in &self.slots {
+            slot.wake();
+        }
+    }
+}
+
+static mut SHARED: *mut Shared = std::ptr::null_mut();
+static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+#[cfg(not(any(feature = "pg13", feature = "pg14")))]
+static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+
+/// The shared area, or `None` in a backend of a server that did not preload the library.
+pub fn shared() -> Option<&'static Shared> {
+    // SAFETY: SHARED is written once, by the startup hook, before any backend runs our code,
+    // and then points at shared memory that lives as long as the server.
+    unsafe { (*(&raw const SHARED)).as_ref() }
+}
+
+/// Asks for the shared area. Only valid while `shared_preload_libraries` is being processed.
+pub fn init() {
+    // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
+    // way for an extension to take part in shared-memory setup.
+    unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14"))]
+        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<Shared>());
+        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+        {
+            PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
+            pg_sys::shmem_request_hook = Some(request_shmem);
+        }
+        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(startup_shmem);
+    }
+}
+
+#[cfg(not(any(feature = "pg13", feature = "pg14")))]
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn request_shmem() {
+    // SAFETY: called by the postmaster while shared memory is being sized.
+    unsafe {
+        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
+            prev();
+        }
+        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<Shared>());
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn startup_shmem() {
+    // SAFETY: called once per process that attaches to shared memory; AddinShmemInitLock makes
+    // the first caller initialise the area and the others only find it.
+    unsafe {
+        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
+            prev();
+        }
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let area = pg_sys::ShmemInitStruct(
+            c"outbox relay state".as_ptr(),
+            std::mem::size_of::<Shared>(),
+            &mut found,
+        )
+        .cast::<Shared>();
+        if !found {
+            area.write(Shared::new());
+        }
+        SHARED = area;
+        pg_sys::LWLockRelease(lock);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_text_round_trips_and_clears() {
+        let slot = WorkerSlot::new();
+        assert!(slot.snapshot().last_error.is_none());
+        slot.set_error(Some("connection refused"), 42);
+        let snap = slot.snapshot();
+        assert_eq!(snap.last_error.as_deref(), Some("connection refused"));
+        assert_eq!(snap.last_error_at, Some(42));
+        slot.set_error(Some(""), 43);
+        assert_eq!(slot.snapshot().last_error.as_deref(), Some(""));
+        slot.set_error(None, 44);
+        assert!(slot.snapshot().last_error.is_none());
+        assert!(slot.snapshot().last_error_at.is_none());
+    }
+
+    #[test]
+    fn long_errors_are_cut_on_a_character_boundary() {
+        let slot = WorkerSlot::new();
+        let long = "é".repeat(200); // 400 bytes
+        slot.set_error(Some(&long), 1);
+        let kept = slot.snapshot().last_error.unwrap();
+        assert_eq!(kept, "é".repeat(128));
+    }
+
+    #[test]
+    fn states_round_trip_through_their_byte() {
+        for state in [
+            WorkerState::Stopped,
+            WorkerState::Starting,
+            WorkerState::Idle,
+            WorkerState::Publishing,
+            WorkerState::Backoff,
+            WorkerState::WaitingForExtension,
+            WorkerState::Standby,
+        ] {
+            assert_eq!(WorkerState::from_u8(state as u8), state);
+        }
+    }
+}
