@@ -1,0 +1,390 @@
+//! Test harness: a throwaway PostgreSQL cluster with the extension preloaded and a throwaway
+//! `redis-server`, each on a free port, stopped and removed when the test ends (panics
+//! included). When the tests run as root, PostgreSQL runs as the `postgres` OS user.
+//!
+//! The extension must be installed first (`make test` does it).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub use postgres::Client;
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("no free port")
+}
+
+/// Polls `condition` every 20 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn is_root() -> bool {
+    run(Command::new("id").arg("-u")).trim() == "0"
+}
+
+fn bindir() -> PathBuf {
+    let pg_config = std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+    PathBuf::from(run(Command::new(pg_config).arg("--bindir")).trim())
+}
+
+/// A command that runs a PostgreSQL program, as `postgres` when we are root.
+fn pg_command(program: &str) -> Command {
+    let path = bindir().join(program);
+    if is_root() {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(path);
+        cmd
+    } else {
+        Command::new(path)
+    }
+}
+
+fn give_to_postgres(path: &Path) {
+    if is_root() {
+        run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(path));
+    }
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+fn scratch_dir(kind: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-test-{}-{}-{kind}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("cannot create a scratch directory");
+    dir
+}
+
+pub struct Redis {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        let mut redis = Redis { port: free_port(), dir: scratch_dir("redis"), child: None };
+        redis.spawn();
+        redis
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server; is it installed?");
+        self.child = Some(child);
+        let port = self.port;
+        assert!(
+            wait_until(Duration::from_secs(10), || redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|c| c.get_connection())
+                .is_ok()),
+            "redis-server did not start on port {port}"
+        );
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).expect("bad redis url");
+        let conn = client.get_connection().expect("cannot connect to redis");
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        conn
+    }
+
+    /// Stops the server; `start_again` brings it back on the same port, empty.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "redis is still running");
+        self.spawn();
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("redis is not running").id();
+        run(Command::new("kill").args([signal, &pid.to_string()]));
+    }
+
+    /// Freezes the server: connections stay open but nothing is answered.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Every entry of a stream, as (entry id, fields).
+    pub fn entries(&self, stream: &str) -> Vec<(String, HashMap<String, String>)> {
+        let reply: Vec<(String, Vec<String>)> =
+            redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query(&mut self.conn()).expect("XRANGE failed");
+        reply
+            .into_iter()
+            .map(|(id, flat)| {
+                let fields = flat.chunks(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
+                (id, fields)
+            })
+            .collect()
+    }
+
+    /// The `id` field of every entry of a stream, in stream order.
+    pub fn ids(&self, stream: &str) -> Vec<i64> {
+        self.entries(stream).iter().map(|(_, f)| f["id"].parse().expect("id is not a number")).collect()
+    }
+
+    pub fn xlen(&self, stream: &str) -> usize {
+        redis::cmd("XLEN").arg(stream).query(&mut self.conn()).expect("XLEN failed")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
+        }
+        self.stop();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub struct Pg {
+    pub port: u16,
+    pub dir: PathBuf,
+    settings: Vec<(String, String)>,
+}
+
+impl Pg {
+    /// Starts a cluster with the extension preloaded and `settings` in postgresql.conf.
+    pub fn start(settings: &[(&str, &str)]) -> Pg {
+        let dir = scratch_dir("pg");
+        give_to_postgres(&dir);
+        run(pg_command("initdb")
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C", "-D"])
+            .arg(dir.join("data")));
+        Pg::start_in(dir, settings)
+    }
+
+    fn start_in(dir: PathBuf, settings: &[(&str, &str)]) -> Pg {
+        give_to_postgres(&dir);
+        let pg = Pg {
+            port: free_port(),
+            dir,
+            settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        pg.write_conf();
+        pg.ctl_start();
+        pg
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
+    fn write_conf(&self) {
+        let mut conf = format!(
+            "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             shared_preload_libraries = 'outbox'\nfsync = off\nmax_connections = 50\n",
+            self.port,
+            self.dir.display()
+        );
+        for (key, value) in &self.settings {
+            conf.push_str(&format!("{key} = '{}'\n", value.replace('\'', "''")));
+        }
+        let path = self.data().join("postgresql.auto.conf");
+        fs::write(&path, conf).expect("cannot write postgresql.auto.conf");
+        give_to_postgres(&path);
+    }
+
+    fn ctl_start(&self) {
+        run(pg_command("pg_ctl").arg("-D").arg(self.data()).arg("-l").arg(self.log_path()).args(["-w", "-t", "60", "start"]));
+    }
+
+    /// Changes settings in postgresql.conf and reloads the server.
+    pub fn set(&mut self, settings: &[(&str, &str)]) {
+        for (key, value) in settings {
+            self.settings.retain(|(k, _)| k != key);
+            self.settings.push((key.to_string(), value.to_string()));
+        }
+        self.write_conf();
+        self.connect().execute("SELECT pg_reload_conf()", &[]).unwrap();
+    }
+
+    pub fn connect_to(&self, dbname: &str) -> Client {
+        let conninfo = format!("host=127.0.0.1 port={} user=postgres dbname={dbname} connect_timeout=10", self.port);
+        let mut last = None;
+        // Right after a crash restart the server refuses connections for a moment.
+        for _ in 0..300 {
+            match Client::connect(&conninfo, postgres::NoTls) {
+                Ok(client) => return client,
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("cannot connect to PostgreSQL on port {}: {last:?}", self.port)
+    }
+
+    pub fn connect(&self) -> Client {
+        self.connect_to("postgres")
+    }
+
+    /// Connects and creates the extension.
+    pub fn with_extension(&self) -> Client {
+        let mut client = self.connect();
+        client.batch_execute("CREATE EXTENSION outbox").expect("CREATE EXTENSION failed");
+        client
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Pids of the running relay workers, from pg_stat_activity.
+    pub fn worker_pids(&self) -> Vec<i32> {
+        self.connect()
+            .query("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' ORDER BY pid", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
+    /// Waits for `n` relay workers to be running.
+    pub fn wait_for_workers(&self, n: usize) {
+        assert!(
+            wait_until(Duration::from_secs(30), || self.worker_pids().len() == n),
+            "expected {n} relay workers, found {:?}",
+            self.worker_pids()
+        );
+    }
+
+    /// `kill -9` of a process of this server (the postmaster then restarts the cluster).
+    pub fn kill9(&self, pid: i32) {
+        run(Command::new("kill").args(["-9", &pid.to_string()]));
+    }
+
+    /// Stops the server with `pg_ctl stop -m <mode>`; returns how long that took.
+    pub fn stop(&self, mode: &str) -> Duration {
+        let started = Instant::now();
+        run(pg_command("pg_ctl").arg("-D").arg(self.data()).args(["-m", mode, "-w", "-t", "60", "stop"]));
+        started.elapsed()
+    }
+
+    pub fn restart(&self) {
+        self.stop("fast");
+        self.ctl_start();
+    }
+
+    pub fn promote(&self) {
+        run(pg_command("pg_ctl").arg("-D").arg(self.data()).args(["-w", "promote"]));
+    }
+
+    /// A streaming replica of this server, with the extension preloaded and `settings`.
+    pub fn start_standby(&self, settings: &[(&str, &str)]) -> Pg {
+        let dir = scratch_dir("standby");
+        give_to_postgres(&dir);
+        run(pg_command("pg_basebackup")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-R", "-X", "stream", "-D"])
+            .arg(dir.join("data")));
+        Pg::start_in(dir, settings)
+    }
+
+    /// Number of outbox rows still unpublished.
+    pub fn pending(&self) -> i64 {
+        self.connect().query_one("SELECT count(*) FROM outbox WHERE published_at IS NULL", &[]).unwrap().get(0)
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        let _ = pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if std::thread::panicking() {
+            eprintln!("---- server log of the failed test ----\n{}", self.log());
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Enqueues `n` events on `topic` in one transaction; returns their ids.
+pub fn enqueue_many(client: &mut Client, topic: &str, n: i64) -> Vec<i64> {
+    client
+        .query(
+            "SELECT outbox_enqueue($1, jsonb_build_object('n', g)) FROM generate_series(1, $2) g",
+            &[&topic, &n],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Notifications that reach `client` within `timeout`, as (channel, payload); stops early once
+/// `max` have arrived.
+pub fn notifications(client: &mut Client, timeout: Duration, max: usize) -> Vec<(String, String)> {
+    use postgres::fallible_iterator::FallibleIterator;
+    let deadline = Instant::now() + timeout;
+    let mut got = Vec::new();
+    let mut notifications = client.notifications();
+    while got.len() < max {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match notifications.timeout_iter(left).next().expect("connection failed while listening") {
+            Some(n) => got.push((n.channel().to_string(), n.payload().to_string())),
+            None => break,
+        }
+    }
+    got
+}
