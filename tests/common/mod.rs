@@ -236,9 +236,16 @@ impl Pg {
         for (key, value) in &self.settings {
             conf.push_str(&format!("{key} = '{}'\n", value.replace('\'', "''")));
         }
-        let path = self.data().join("postgresql.auto.conf");
-        fs::write(&path, conf).expect("cannot write postgresql.auto.conf");
+        // Our settings live in a file of their own, included from postgresql.conf, so that
+        // what pg_basebackup -R writes to postgresql.auto.conf survives.
+        let path = self.data().join("harness.conf");
+        fs::write(&path, conf).expect("cannot write harness.conf");
         give_to_postgres(&path);
+        let main = self.data().join("postgresql.conf");
+        let text = fs::read_to_string(&main).expect("cannot read postgresql.conf");
+        if !text.contains("include 'harness.conf'") {
+            fs::write(&main, format!("{text}\ninclude 'harness.conf'\n")).expect("cannot write postgresql.conf");
+        }
     }
 
     fn ctl_start(&self) {
@@ -360,7 +367,7 @@ impl Drop for Pg {
 pub fn enqueue_many(client: &mut Client, topic: &str, n: i64) -> Vec<i64> {
     client
         .query(
-            "SELECT outbox_enqueue($1, jsonb_build_object('n', g)) FROM generate_series(1, $2) g",
+            "SELECT outbox_enqueue($1, jsonb_build_object('n', g)) FROM generate_series(1::bigint, $2) g",
             &[&topic, &n],
         )
         .unwrap()
