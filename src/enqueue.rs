@@ -36,7 +36,9 @@ impl InputError {
             }
             InputError::EmptyTopic
             | InputError::TopicTooLong(_)
-            | InputError::TopicControlCharacter(_) => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            | InputError::TopicControlCharacter(_) => {
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
+            }
             InputError::PayloadTooLarge { .. } => PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
         }
     }
@@ -120,7 +122,8 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         }
         let topic_datum = pg_getarg_datum_raw(fcinfo, 0);
         let payload_datum = pg_getarg_datum_raw(fcinfo, 1);
-        if let Err(error) = check_payload_size(json_text_len(payload_datum), gucs::max_payload_size())
+        if let Err(error) =
+            check_payload_size(json_text_len(payload_datum), gucs::max_payload_size())
         {
             raise(error);
         }
@@ -180,7 +183,8 @@ unsafe fn insert_event(topic: pg_sys::Datum, payload: pg_sys::Datum) -> i64 {
         }
         let mut values = [topic, payload];
         let nulls = [b' ' as c_char, b' ' as c_char];
-        let rc = pg_sys::SPI_execute_plan(INSERT_PLAN, values.as_mut_ptr(), nulls.as_ptr(), false, 1);
+        let rc =
+            pg_sys::SPI_execute_plan(INSERT_PLAN, values.as_mut_ptr(), nulls.as_ptr(), false, 1);
         if rc != pg_sys::SPI_OK_INSERT_RETURNING as i32 || pg_sys::SPI_processed != 1 {
             error!("outbox_enqueue: the insert into outbox failed (SPI result {rc})");
         }
@@ -223,11 +227,26 @@ mod tests {
             Err(InputError::TopicTooLong(MAX_TOPIC_BYTES + 1))
         );
         // The limit is in bytes: 129 two-byte characters are 258 bytes.
-        assert_eq!(check_topic(&"é".repeat(129)), Err(InputError::TopicTooLong(258)));
-        assert_eq!(check_topic("a\nb"), Err(InputError::TopicControlCharacter(1)));
-        assert_eq!(check_topic("tab\there"), Err(InputError::TopicControlCharacter(3)));
-        assert_eq!(check_topic("del\u{7f}"), Err(InputError::TopicControlCharacter(3)));
-        assert_eq!(check_topic("c1\u{85}"), Err(InputError::TopicControlCharacter(2)));
+        assert_eq!(
+            check_topic(&"é".repeat(129)),
+            Err(InputError::TopicTooLong(258))
+        );
+        assert_eq!(
+            check_topic("a\nb"),
+            Err(InputError::TopicControlCharacter(1))
+        );
+        assert_eq!(
+            check_topic("tab\there"),
+            Err(InputError::TopicControlCharacter(3))
+        );
+        assert_eq!(
+            check_topic("del\u{7f}"),
+            Err(InputError::TopicControlCharacter(3))
+        );
+        assert_eq!(
+            check_topic("c1\u{85}"),
+            Err(InputError::TopicControlCharacter(2))
+        );
     }
 
     #[test]
@@ -235,17 +254,32 @@ mod tests {
         assert_eq!(check_payload_size(10, 10), Ok(()));
         assert_eq!(
             check_payload_size(11, 10),
-            Err(InputError::PayloadTooLarge { size: 11, limit: 10 })
+            Err(InputError::PayloadTooLarge {
+                size: 11,
+                limit: 10
+            })
         );
     }
 
     #[test]
     fn each_error_has_the_contract_sqlstate() {
         use PgSqlErrorCode::*;
-        assert_eq!(InputError::NullTopic.sqlstate(), ERRCODE_NULL_VALUE_NOT_ALLOWED);
-        assert_eq!(InputError::NullPayload.sqlstate(), ERRCODE_NULL_VALUE_NOT_ALLOWED);
-        assert_eq!(InputError::EmptyTopic.sqlstate(), ERRCODE_INVALID_PARAMETER_VALUE);
-        assert_eq!(InputError::TopicTooLong(300).sqlstate(), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(
+            InputError::NullTopic.sqlstate(),
+            ERRCODE_NULL_VALUE_NOT_ALLOWED
+        );
+        assert_eq!(
+            InputError::NullPayload.sqlstate(),
+            ERRCODE_NULL_VALUE_NOT_ALLOWED
+        );
+        assert_eq!(
+            InputError::EmptyTopic.sqlstate(),
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            InputError::TopicTooLong(300).sqlstate(),
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
         assert_eq!(
             InputError::TopicControlCharacter(0).sqlstate(),
             ERRCODE_INVALID_PARAMETER_VALUE

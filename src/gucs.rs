@@ -16,7 +16,8 @@ use crate::redis_url;
 pub const MAX_WORKERS: i32 = 32;
 
 /// Database the relay workers connect to.
-static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static DATABASE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
 /// Number of relay workers started by the postmaster.
 static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 /// Where events are published; may carry a password, so it is superuser-only.
@@ -33,7 +34,8 @@ static STREAM_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>
 /// When positive, streams are trimmed with `MAXLEN ~ n`.
 static STREAM_MAXLEN: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Channel of the `pg_notify` call made by `outbox_enqueue`; empty turns it off.
-static NOTIFY_CHANNEL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"outbox"));
+static NOTIFY_CHANNEL: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"outbox"));
 /// Largest payload, in bytes of JSON text, that `outbox_enqueue` accepts.
 static MAX_PAYLOAD_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 /// Failed publishes of one event before it moves to `outbox_dead`.
@@ -193,7 +195,10 @@ pub fn init() {
 }
 
 fn string(setting: &GucSetting<Option<CString>>) -> String {
-    setting.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+    setting
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn millis(setting: &GucSetting<i32>) -> Duration {

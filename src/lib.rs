@@ -24,8 +24,12 @@ extension_sql_file!("../sql/outbox.sql", name = "outbox_objects", finalize);
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     // SAFETY: plain reads of postmaster globals during library load.
-    let (binary_upgrade, preloading) =
-        unsafe { (pg_sys::IsBinaryUpgrade, pg_sys::process_shared_preload_libraries_in_progress) };
+    let (binary_upgrade, preloading) = unsafe {
+        (
+            pg_sys::IsBinaryUpgrade,
+            pg_sys::process_shared_preload_libraries_in_progress,
+        )
+    };
     if binary_upgrade {
         // pg_upgrade starts servers with our library preloaded; relaying there would be wrong.
         return;

@@ -10,7 +10,9 @@ pub fn validate(url: &str) -> Result<(), String> {
                 .to_string()
         })?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
     if host.is_empty() || host.starts_with(':') {
         return Err("The URL names no host, as in redis://127.0.0.1:6379.".to_string());
     }

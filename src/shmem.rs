@@ -4,7 +4,9 @@
 //! Everything is an atomic so that the commit callback and the status views never wait on a
 //! lock held by a worker; the last error text is guarded by a per-slot sequence counter.
 
-use std::sync::atomic::{fence, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{
+    fence, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
+};
 
 use pgrx::pg_sys;
 
@@ -101,7 +103,8 @@ impl WorkerSlot {
         self.published.store(0, Ordering::Relaxed);
         self.last_batch_at.store(NO_TIME, Ordering::Relaxed);
         self.set_error(None, NO_TIME);
-        self.state.store(WorkerState::Starting as u8, Ordering::Relaxed);
+        self.state
+            .store(WorkerState::Starting as u8, Ordering::Relaxed);
         self.latch.store(latch, Ordering::Release);
         self.pid.store(pid, Ordering::Release);
     }
@@ -110,7 +113,8 @@ impl WorkerSlot {
     pub fn detach(&self) {
         self.pid.store(0, Ordering::Release);
         self.latch.store(std::ptr::null_mut(), Ordering::Release);
-        self.state.store(WorkerState::Stopped as u8, Ordering::Relaxed);
+        self.state
+            .store(WorkerState::Stopped as u8, Ordering::Relaxed);
     }
 
     pub fn set_state(&self, state: WorkerState) {
@@ -130,9 +134,18 @@ impl WorkerSlot {
         for (cell, byte) in self.error_text.iter().zip(bytes) {
             cell.store(*byte, Ordering::Relaxed);
         }
-        self.error_len
-            .store(if error.is_some() { bytes.len() as u32 + 1 } else { 0 }, Ordering::Relaxed);
-        self.error_at.store(if error.is_some() { at } else { NO_TIME }, Ordering::Relaxed);
+        self.error_len.store(
+            if error.is_some() {
+                bytes.len() as u32 + 1
+            } else {
+                0
+            },
+            Ordering::Relaxed,
+        );
+        self.error_at.store(
+            if error.is_some() { at } else { NO_TIME },
+            Ordering::Relaxed,
+        );
         self.error_seq.fetch_add(1, Ordering::Release);
     }
 
@@ -220,7 +233,7 @@ static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 pub fn shared() -> Option<&'static Shared> {
     // SAFETY: SHARED is written once, by the startup hook, before any backend runs our code,
     // and then points at shared memory that lives as long as the server.
-    unsafe { (*(&raw const SHARED)).as_ref() }
+    unsafe { SHARED.as_ref() }
 }
 
 /// Asks for the shared area. Only valid while `shared_preload_libraries` is being processed.

@@ -37,7 +37,13 @@ fn _outbox_worker_slots() -> TableIterator<
                 (
                     index as i32,
                     running.then_some(s.pid),
-                    if running { s.state } else { WorkerState::Stopped }.name().to_string(),
+                    if running {
+                        s.state
+                    } else {
+                        WorkerState::Stopped
+                    }
+                    .name()
+                    .to_string(),
                     s.published,
                     timestamp(s.last_batch_at),
                     s.last_error,
@@ -53,6 +59,8 @@ fn _outbox_worker_slots() -> TableIterator<
 #[pg_extern(sql = false)]
 fn _outbox_last_published_at() -> Option<TimestampWithTimeZone> {
     let shared = shmem::shared()?;
-    let at = shared.last_published_at.load(std::sync::atomic::Ordering::Relaxed);
+    let at = shared
+        .last_published_at
+        .load(std::sync::atomic::Ordering::Relaxed);
     timestamp((at != shmem::NO_TIME).then_some(at))
 }

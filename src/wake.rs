@@ -45,12 +45,10 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
     // SAFETY: called by PostgreSQL on the backend's thread.
     unsafe {
         match event {
-            XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => {
-                if WAKE_PENDING {
-                    WAKE_PENDING = false;
-                    if let Some(shared) = shmem::shared() {
-                        shared.wake_all();
-                    }
+            XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT if WAKE_PENDING => {
+                WAKE_PENDING = false;
+                if let Some(shared) = shmem::shared() {
+                    shared.wake_all();
                 }
             }
             XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {

@@ -16,14 +16,19 @@ fn count(client: &mut Client, sql: &str) -> i64 {
 }
 
 fn sqlstate(error: &postgres::Error) -> String {
-    error.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no SQLSTATE: {error}"))
+    error
+        .code()
+        .map(|c| c.code().to_string())
+        .unwrap_or_else(|| format!("no SQLSTATE: {error}"))
 }
 
 #[test]
 fn a_rolled_back_transaction_leaves_neither_row() {
     let pg = server();
     let mut client = pg.with_extension();
-    client.batch_execute("CREATE TABLE accounts (id serial PRIMARY KEY, email text NOT NULL)").unwrap();
+    client
+        .batch_execute("CREATE TABLE accounts (id serial PRIMARY KEY, email text NOT NULL)")
+        .unwrap();
     // The seed's crash test: both writes, then the transaction fails.
     let result = client.batch_execute(
         "DO $$
@@ -45,7 +50,10 @@ fn a_committed_enqueue_is_visible_with_its_id() {
     let mut client = pg.with_extension();
     let mut tx = client.transaction().unwrap();
     let id: i64 = tx
-        .query_one("SELECT outbox_enqueue('account.created', '{\"account_id\": 7}')", &[])
+        .query_one(
+            "SELECT outbox_enqueue('account.created', '{\"account_id\": 7}')",
+            &[],
+        )
         .unwrap()
         .get(0);
     tx.commit().unwrap();
@@ -65,7 +73,10 @@ fn a_committed_enqueue_is_visible_with_its_id() {
     assert!(row.get::<_, bool>(4));
     assert!(row.get::<_, bool>(5));
 
-    let next: i64 = client.query_one("SELECT outbox_enqueue('t', '{}')", &[]).unwrap().get(0);
+    let next: i64 = client
+        .query_one("SELECT outbox_enqueue('t', '{}')", &[])
+        .unwrap()
+        .get(0);
     assert!(next > id, "ids grow: {next} after {id}");
 }
 
@@ -77,9 +88,18 @@ fn notify_arrives_only_after_commit() {
     listener.batch_execute("LISTEN outbox").unwrap();
 
     writer.batch_execute("BEGIN").unwrap();
-    writer.query_one("SELECT outbox_enqueue('order.paid', '{}')", &[]).unwrap();
-    writer.query_one("SELECT outbox_enqueue('order.paid', '{\"again\": true}')", &[]).unwrap();
-    writer.query_one("SELECT outbox_enqueue('order.shipped', '{}')", &[]).unwrap();
+    writer
+        .query_one("SELECT outbox_enqueue('order.paid', '{}')", &[])
+        .unwrap();
+    writer
+        .query_one(
+            "SELECT outbox_enqueue('order.paid', '{\"again\": true}')",
+            &[],
+        )
+        .unwrap();
+    writer
+        .query_one("SELECT outbox_enqueue('order.shipped', '{}')", &[])
+        .unwrap();
     // Ask the server something so that any notification already sent would be read.
     listener.batch_execute("SELECT 1").unwrap();
     let early = notifications(&mut listener, Duration::from_millis(300), 1);
@@ -91,10 +111,16 @@ fn notify_arrives_only_after_commit() {
     // Identical notifications of one transaction collapse: one per topic.
     assert_eq!(
         got,
-        [("outbox".to_string(), "order.paid".to_string()), ("outbox".to_string(), "order.shipped".to_string())]
+        [
+            ("outbox".to_string(), "order.paid".to_string()),
+            ("outbox".to_string(), "order.shipped".to_string())
+        ]
     );
     let extra = notifications(&mut listener, Duration::from_millis(300), 1);
-    assert!(extra.is_empty(), "more notifications than topics: {extra:?}");
+    assert!(
+        extra.is_empty(),
+        "more notifications than topics: {extra:?}"
+    );
 }
 
 #[test]
@@ -103,7 +129,9 @@ fn a_rolled_back_enqueue_notifies_nobody() {
     let mut writer = pg.with_extension();
     let mut listener = pg.connect();
     listener.batch_execute("LISTEN outbox").unwrap();
-    writer.batch_execute("BEGIN; SELECT outbox_enqueue('t', '{}'); ROLLBACK").unwrap();
+    writer
+        .batch_execute("BEGIN; SELECT outbox_enqueue('t', '{}'); ROLLBACK")
+        .unwrap();
     let got = notifications(&mut listener, Duration::from_millis(500), 1);
     assert!(got.is_empty(), "{got:?}");
 }
@@ -114,15 +142,22 @@ fn an_empty_channel_setting_sends_no_notification() {
     let mut writer = pg.with_extension();
     let mut listener = pg.connect();
     listener.batch_execute("LISTEN outbox").unwrap();
-    writer.batch_execute("SET outbox.notify_channel = ''").unwrap();
-    let id: i64 = writer.query_one("SELECT outbox_enqueue('quiet', '{}')", &[]).unwrap().get(0);
+    writer
+        .batch_execute("SET outbox.notify_channel = ''")
+        .unwrap();
+    let id: i64 = writer
+        .query_one("SELECT outbox_enqueue('quiet', '{}')", &[])
+        .unwrap()
+        .get(0);
     assert!(id > 0);
     let got = notifications(&mut listener, Duration::from_millis(500), 1);
     assert!(got.is_empty(), "{got:?}");
 
     // Another channel name is honoured.
     listener.batch_execute("LISTEN events").unwrap();
-    writer.batch_execute("SET outbox.notify_channel = 'events'; SELECT outbox_enqueue('loud', '{}')").unwrap();
+    writer
+        .batch_execute("SET outbox.notify_channel = 'events'; SELECT outbox_enqueue('loud', '{}')")
+        .unwrap();
     let got = notifications(&mut listener, Duration::from_secs(5), 1);
     assert_eq!(got, [("events".to_string(), "loud".to_string())]);
 }
@@ -131,34 +166,76 @@ fn an_empty_channel_setting_sends_no_notification() {
 fn bad_input_gets_its_sqlstate_and_writes_nothing() {
     let pg = server();
     let mut client = pg.with_extension();
-    client.batch_execute("SET outbox.max_payload_size = '1kB'").unwrap();
+    client
+        .batch_execute("SET outbox.max_payload_size = '1kB'")
+        .unwrap();
     let long_topic = "t".repeat(257);
     let big_payload = format!("{{\"data\": \"{}\"}}", "x".repeat(1024));
     let cases: Vec<(&str, String, &str)> = vec![
-        ("NULL topic", "SELECT outbox_enqueue(NULL, '{}')".into(), "22004"),
-        ("NULL payload", "SELECT outbox_enqueue('t', NULL)".into(), "22004"),
-        ("empty topic", "SELECT outbox_enqueue('', '{}')".into(), "22023"),
-        ("257-byte topic", format!("SELECT outbox_enqueue('{long_topic}', '{{}}')"), "22023"),
-        ("newline in topic", "SELECT outbox_enqueue(E'a\\nb', '{}')".into(), "22023"),
-        ("tab in topic", "SELECT outbox_enqueue(E'a\\tb', '{}')".into(), "22023"),
-        ("payload over the limit", format!("SELECT outbox_enqueue('t', '{big_payload}')"), "54000"),
-        ("invalid JSON", "SELECT outbox_enqueue('t', '{not json')".into(), "22P02"),
+        (
+            "NULL topic",
+            "SELECT outbox_enqueue(NULL, '{}')".into(),
+            "22004",
+        ),
+        (
+            "NULL payload",
+            "SELECT outbox_enqueue('t', NULL)".into(),
+            "22004",
+        ),
+        (
+            "empty topic",
+            "SELECT outbox_enqueue('', '{}')".into(),
+            "22023",
+        ),
+        (
+            "257-byte topic",
+            format!("SELECT outbox_enqueue('{long_topic}', '{{}}')"),
+            "22023",
+        ),
+        (
+            "newline in topic",
+            "SELECT outbox_enqueue(E'a\\nb', '{}')".into(),
+            "22023",
+        ),
+        (
+            "tab in topic",
+            "SELECT outbox_enqueue(E'a\\tb', '{}')".into(),
+            "22023",
+        ),
+        (
+            "payload over the limit",
+            format!("SELECT outbox_enqueue('t', '{big_payload}')"),
+            "54000",
+        ),
+        (
+            "invalid JSON",
+            "SELECT outbox_enqueue('t', '{not json')".into(),
+            "22P02",
+        ),
     ];
     for (what, sql, expected) in cases {
         let error = client.batch_execute(&sql).expect_err(what);
         assert_eq!(sqlstate(&error), expected, "{what}: {error:?}");
         let db = error.as_db_error().expect("a server error");
-        assert!(db.message().contains("outbox_enqueue") || expected == "22P02", "{what}: {}", db.message());
+        assert!(
+            db.message().contains("outbox_enqueue") || expected == "22P02",
+            "{what}: {}",
+            db.message()
+        );
     }
     // None of the refused calls wrote a row.
     assert_eq!(count(&mut client, "SELECT count(*) FROM outbox"), 0);
 
     // The limits are inclusive: 256 bytes of topic and exactly 1 kB of JSON text are fine.
     let ok_topic = "t".repeat(256);
-    client.query_one(&format!("SELECT outbox_enqueue('{ok_topic}', '{{}}')"), &[]).unwrap();
+    client
+        .query_one(&format!("SELECT outbox_enqueue('{ok_topic}', '{{}}')"), &[])
+        .unwrap();
     let exact = format!("{{\"d\": \"{}\"}}", "x".repeat(1024 - 9));
     assert_eq!(exact.len(), 1024);
-    client.query_one("SELECT outbox_enqueue('t', $1::text::jsonb)", &[&exact]).unwrap();
+    client
+        .query_one("SELECT outbox_enqueue('t', $1::text::jsonb)", &[&exact])
+        .unwrap();
     assert_eq!(count(&mut client, "SELECT count(*) FROM outbox"), 2);
 }
 
@@ -166,12 +243,24 @@ fn bad_input_gets_its_sqlstate_and_writes_nothing() {
 fn errors_say_what_is_wrong_with_a_hint() {
     let pg = server();
     let mut client = pg.with_extension();
-    let error = client.batch_execute("SELECT outbox_enqueue('', '{}')").unwrap_err();
+    let error = client
+        .batch_execute("SELECT outbox_enqueue('', '{}')")
+        .unwrap_err();
     let db = error.as_db_error().unwrap();
     assert_eq!(db.message(), "outbox_enqueue: topic must not be empty");
-    assert!(db.hint().is_some_and(|h| h.contains("stream")), "{:?}", db.hint());
-    let error = client.batch_execute("SELECT outbox_enqueue(E'x\\u0001', '{}')").unwrap_err();
-    assert!(error.as_db_error().unwrap().message().contains("control character"));
+    assert!(
+        db.hint().is_some_and(|h| h.contains("stream")),
+        "{:?}",
+        db.hint()
+    );
+    let error = client
+        .batch_execute("SELECT outbox_enqueue(E'x\\u0001', '{}')")
+        .unwrap_err();
+    assert!(error
+        .as_db_error()
+        .unwrap()
+        .message()
+        .contains("control character"));
 }
 
 #[test]
@@ -184,14 +273,20 @@ fn execute_privilege_is_all_an_application_needs() {
 
     let mut stranger = pg.connect();
     stranger.batch_execute("SET ROLE stranger").unwrap();
-    let error = stranger.batch_execute("SELECT outbox_enqueue('t', '{}')").unwrap_err();
+    let error = stranger
+        .batch_execute("SELECT outbox_enqueue('t', '{}')")
+        .unwrap_err();
     assert_eq!(sqlstate(&error), "42501", "{error:?}");
     let error = stranger.batch_execute("SELECT * FROM outbox").unwrap_err();
     assert_eq!(sqlstate(&error), "42501");
-    let error = stranger.batch_execute("INSERT INTO outbox (topic, payload) VALUES ('t', '{}')").unwrap_err();
+    let error = stranger
+        .batch_execute("INSERT INTO outbox (topic, payload) VALUES ('t', '{}')")
+        .unwrap_err();
     assert_eq!(sqlstate(&error), "42501");
 
-    admin.batch_execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO app").unwrap();
+    admin
+        .batch_execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO app")
+        .unwrap();
     let mut app = pg.connect();
     app.batch_execute("SET ROLE app").unwrap();
     // A table of the caller's named like ours, first on its search_path, is not written to.
@@ -199,11 +294,23 @@ fn execute_privilege_is_all_an_application_needs() {
         "CREATE TABLE evil.outbox (id bigserial, topic text, payload jsonb); SET search_path = evil, public",
     )
     .unwrap();
-    let id: i64 = app.query_one("SELECT public.outbox_enqueue('t', '{}')", &[]).unwrap().get(0);
+    let id: i64 = app
+        .query_one("SELECT public.outbox_enqueue('t', '{}')", &[])
+        .unwrap()
+        .get(0);
     assert!(id > 0);
-    let error = app.batch_execute("SELECT * FROM public.outbox").unwrap_err();
-    assert_eq!(sqlstate(&error), "42501", "the application cannot read the table");
+    let error = app
+        .batch_execute("SELECT * FROM public.outbox")
+        .unwrap_err();
+    assert_eq!(
+        sqlstate(&error),
+        "42501",
+        "the application cannot read the table"
+    );
     assert_eq!(count(&mut app, "SELECT count(*) FROM evil.outbox"), 0);
-    let stored: i64 = admin.query_one("SELECT count(*) FROM outbox WHERE id = $1", &[&id]).unwrap().get(0);
+    let stored: i64 = admin
+        .query_one("SELECT count(*) FROM outbox WHERE id = $1", &[&id])
+        .unwrap()
+        .get(0);
     assert_eq!(stored, 1);
 }

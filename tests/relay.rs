@@ -34,15 +34,22 @@ fn a_committed_event_reaches_its_stream_long_before_the_poll() {
 
     let started = Instant::now();
     let row = client
-        .query_one("SELECT outbox_enqueue('account.created', '{\"account_id\": 7}')", &[])
+        .query_one(
+            "SELECT outbox_enqueue('account.created', '{\"account_id\": 7}')",
+            &[],
+        )
         .unwrap();
     let id: i64 = row.get(0);
     assert!(
-        wait_until(Duration::from_secs(9), || redis.xlen("account.created") == 1),
+        wait_until(Duration::from_secs(9), || redis.xlen("account.created")
+            == 1),
         "the event did not arrive"
     );
     let elapsed = started.elapsed();
-    assert!(elapsed < Duration::from_secs(1), "woken at commit, yet it took {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "woken at commit, yet it took {elapsed:?}"
+    );
 
     let entries = redis.entries("account.created");
     let fields = &entries[0].1;
@@ -50,7 +57,10 @@ fn a_committed_event_reaches_its_stream_long_before_the_poll() {
     assert_eq!(fields["topic"], "account.created");
     assert_eq!(fields["payload"], r#"{"account_id": 7}"#);
     let created_at = &fields["created_at"];
-    assert!(created_at.ends_with('Z') && created_at.contains('T'), "not RFC 3339: {created_at}");
+    assert!(
+        created_at.ends_with('Z') && created_at.contains('T'),
+        "not RFC 3339: {created_at}"
+    );
     let stored: String = client
         .query_one(
             "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM outbox WHERE id = $1",
@@ -60,50 +70,96 @@ fn a_committed_event_reaches_its_stream_long_before_the_poll() {
         .get(0);
     assert_eq!(created_at, &stored);
     let fields_in_order: Vec<String> = {
-        let raw: Vec<(String, Vec<String>)> =
-            redis::cmd("XRANGE").arg("account.created").arg("-").arg("+").query(&mut redis.conn()).unwrap();
+        let raw: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg("account.created")
+            .arg("-")
+            .arg("+")
+            .query(&mut redis.conn())
+            .unwrap();
         raw[0].1.iter().step_by(2).cloned().collect()
     };
     assert_eq!(fields_in_order, ["id", "topic", "payload", "created_at"]);
 
-    assert!(wait_until(Duration::from_secs(5), || pg.pending() == 0), "the event was not marked published");
+    assert!(
+        wait_until(Duration::from_secs(5), || pg.pending() == 0),
+        "the event was not marked published"
+    );
 }
 
 #[test]
 fn prefix_and_maxlen_shape_the_stream() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.stream_prefix", "app:"), ("outbox.stream_maxlen", "10")]);
+    let pg = relay(
+        &redis,
+        &[
+            ("outbox.stream_prefix", "app:"),
+            ("outbox.stream_maxlen", "10"),
+        ],
+    );
     let mut client = pg.with_extension();
     enqueue_many(&mut client, "orders", 500);
-    assert!(wait_until(Duration::from_secs(20), || pg.pending() == 0), "backlog not drained");
+    assert!(
+        wait_until(Duration::from_secs(20), || pg.pending() == 0),
+        "backlog not drained"
+    );
     assert_eq!(redis.xlen("orders"), 0, "the prefix was not applied");
     let len = redis.xlen("app:orders");
     // MAXLEN ~ trims whole macro nodes, so the stream keeps at least 10 and far fewer than 500.
     assert!((10..500).contains(&len), "stream length {len}");
     let ids = redis.ids("app:orders");
     assert_eq!(*ids.last().unwrap(), 500, "the newest entry is kept");
-    assert!(ids.windows(2).all(|w| w[0] < w[1]), "entries out of id order");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "entries out of id order"
+    );
 }
 
 #[test]
 fn four_workers_share_a_backlog_without_double_publishing() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.workers", "4"), ("outbox.batch_size", "50"), ("outbox.dedupe", "off")]);
+    let pg = relay(
+        &redis,
+        &[
+            ("outbox.workers", "4"),
+            ("outbox.batch_size", "50"),
+            ("outbox.dedupe", "off"),
+        ],
+    );
     let mut client = pg.with_extension();
     pg.wait_for_workers(4);
     let ids = enqueue_many(&mut client, "parallel", 200);
-    assert!(wait_until(Duration::from_secs(20), || pg.pending() == 0), "backlog not drained");
+    assert!(
+        wait_until(Duration::from_secs(20), || pg.pending() == 0),
+        "backlog not drained"
+    );
     std::thread::sleep(Duration::from_millis(300));
     let published = redis.ids("parallel");
-    assert_eq!(published.len(), 200, "the stream grew by {} instead of 200", published.len());
+    assert_eq!(
+        published.len(),
+        200,
+        "the stream grew by {} instead of 200",
+        published.len()
+    );
     let unique: BTreeSet<i64> = published.iter().copied().collect();
-    assert_eq!(unique, ids.iter().copied().collect::<BTreeSet<_>>(), "each id exactly once");
+    assert_eq!(
+        unique,
+        ids.iter().copied().collect::<BTreeSet<_>>(),
+        "each id exactly once"
+    );
 
     let mut status = pg.connect();
-    let rows = status.query("SELECT slot, pid, state, published FROM outbox_workers ORDER BY slot", &[]).unwrap();
+    let rows = status
+        .query(
+            "SELECT slot, pid, state, published FROM outbox_workers ORDER BY slot",
+            &[],
+        )
+        .unwrap();
     assert_eq!(rows.len(), 4);
     let total: i64 = rows.iter().map(|r| r.get::<_, i64>(3)).sum();
-    assert_eq!(total, 200, "the workers' counters add up to the events published");
+    assert_eq!(
+        total, 200,
+        "the workers' counters add up to the events published"
+    );
     assert!(rows.iter().all(|r| r.get::<_, Option<i32>>(1).is_some()));
 }
 
@@ -111,19 +167,28 @@ fn four_workers_share_a_backlog_without_double_publishing() {
 fn killing_a_worker_mid_drain_loses_nothing() {
     let redis = Redis::start();
     let batch = 100;
-    let pg = relay(&redis, &[("outbox.batch_size", "100"), ("outbox.dedupe", "off")]);
+    let pg = relay(
+        &redis,
+        &[("outbox.batch_size", "100"), ("outbox.dedupe", "off")],
+    );
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
-    client.batch_execute("SET outbox.notify_channel = ''").unwrap();
+    client
+        .batch_execute("SET outbox.notify_channel = ''")
+        .unwrap();
     // A backlog committed at once, so the worker drains it batch after batch.
-    let expected: BTreeSet<i64> = enqueue_many(&mut client, "drain", 50_000).into_iter().collect();
+    let expected: BTreeSet<i64> = enqueue_many(&mut client, "drain", 50_000)
+        .into_iter()
+        .collect();
     drop(client);
 
     let mut kills = 0;
     for _ in 0..4 {
         // Let it publish some, then kill -9 the worker in the middle of the drain.
         let before = redis.xlen("drain");
-        wait_until(Duration::from_secs(20), || redis.xlen("drain") > before + 2_000);
+        wait_until(Duration::from_secs(20), || {
+            redis.xlen("drain") > before + 2_000
+        });
         if let Some(pid) = pg.worker_pids().first() {
             pg.kill9(*pid);
             kills += 1;
@@ -131,7 +196,10 @@ fn killing_a_worker_mid_drain_loses_nothing() {
         pg.wait_for_workers(1);
     }
     assert!(kills >= 3, "only {kills} kills landed");
-    assert!(wait_until(Duration::from_secs(120), || pg.pending() == 0), "backlog not drained after the kills");
+    assert!(
+        wait_until(Duration::from_secs(120), || pg.pending() == 0),
+        "backlog not drained after the kills"
+    );
     std::thread::sleep(Duration::from_millis(300));
 
     let published = redis.ids("drain");
@@ -139,17 +207,34 @@ fn killing_a_worker_mid_drain_loses_nothing() {
     let unique: BTreeSet<i64> = counts.keys().copied().collect();
     assert_eq!(unique, expected, "every event reaches Redis");
     let duplicates = published.len() - unique.len();
-    eprintln!("{kills} kills during a 50000-event drain: {duplicates} duplicate entries, none lost");
+    eprintln!(
+        "{kills} kills during a 50000-event drain: {duplicates} duplicate entries, none lost"
+    );
     // Only batches in flight at a kill can be published twice: at most one batch per kill.
-    assert!(duplicates <= kills * batch, "{duplicates} duplicates from {kills} kills");
-    assert!(counts.values().all(|&c| c <= 1 + kills), "an id was published too often");
-    assert!(pg.log().contains("terminated by signal 9"), "the kills did not happen");
+    assert!(
+        duplicates <= kills * batch,
+        "{duplicates} duplicates from {kills} kills"
+    );
+    assert!(
+        counts.values().all(|&c| c <= 1 + kills),
+        "an id was published too often"
+    );
+    assert!(
+        pg.log().contains("terminated by signal 9"),
+        "the kills did not happen"
+    );
 }
 
 #[test]
 fn a_redis_outage_delays_events_and_logs_a_handful_of_lines() {
     let mut redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.poll_interval", "100ms"), ("outbox.redis_timeout", "500ms")]);
+    let pg = relay(
+        &redis,
+        &[
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.redis_timeout", "500ms"),
+        ],
+    );
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     enqueue_many(&mut client, "outage", 10);
@@ -164,27 +249,46 @@ fn a_redis_outage_delays_events_and_logs_a_handful_of_lines() {
     }
     assert!(
         wait_until(Duration::from_secs(10), || {
-            let rows = pg.connect().query("SELECT state FROM outbox_workers", &[]).unwrap();
+            let rows = pg
+                .connect()
+                .query("SELECT state FROM outbox_workers", &[])
+                .unwrap();
             rows.iter().any(|r| r.get::<_, String>(0) == "backoff")
         }),
         "the worker never showed state backoff"
     );
-    let error: Option<String> =
-        client.query_one("SELECT last_error FROM outbox_workers", &[]).unwrap().get(0);
+    let error: Option<String> = client
+        .query_one("SELECT last_error FROM outbox_workers", &[])
+        .unwrap()
+        .get(0);
     assert!(error.is_some(), "last_error is not set during the outage");
     assert_eq!(pg.pending(), 100, "nothing is marked while Redis is down");
 
     redis.start_again();
-    assert!(wait_until(Duration::from_secs(30), || pg.pending() == 0), "events not delivered after Redis returned");
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "events not delivered after Redis returned"
+    );
     let ids = redis.ids("outage");
-    assert_eq!(ids.iter().copied().collect::<BTreeSet<_>>(), during.iter().copied().collect(), "every event arrives");
+    assert_eq!(
+        ids.iter().copied().collect::<BTreeSet<_>>(),
+        during.iter().copied().collect(),
+        "every event arrives"
+    );
     assert!(wait_until(Duration::from_secs(5), || {
-        let state: String = pg.connect().query_one("SELECT state FROM outbox_workers", &[]).unwrap().get(0);
+        let state: String = pg
+            .connect()
+            .query_one("SELECT state FROM outbox_workers", &[])
+            .unwrap()
+            .get(0);
         state == "idle"
     }));
 
     let log = pg.log();
-    let outage_lines: Vec<&str> = log[log_before..].lines().filter(|l| l.contains("outbox relay")).collect();
+    let outage_lines: Vec<&str> = log[log_before..]
+        .lines()
+        .filter(|l| l.contains("outbox relay"))
+        .collect();
     eprintln!("log lines during the outage:\n{}", outage_lines.join("\n"));
     assert!(
         (2..=4).contains(&outage_lines.len()),
@@ -201,9 +305,14 @@ fn a_plain_insert_is_published_by_the_poll() {
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     std::thread::sleep(Duration::from_millis(300));
-    client.batch_execute("INSERT INTO outbox (topic, payload) VALUES ('by.hand', '{\"x\": 1}')").unwrap();
+    client
+        .batch_execute("INSERT INTO outbox (topic, payload) VALUES ('by.hand', '{\"x\": 1}')")
+        .unwrap();
     // No wake-up: only the 1 s poll can find it. Allow for a loaded machine.
-    assert!(wait_until(Duration::from_secs(5), || redis.xlen("by.hand") == 1), "never published");
+    assert!(
+        wait_until(Duration::from_secs(5), || redis.xlen("by.hand") == 1),
+        "never published"
+    );
     assert_eq!(redis.entries("by.hand")[0].1["payload"], r#"{"x": 1}"#);
 }
 
@@ -214,26 +323,49 @@ fn a_poison_event_does_not_stop_the_events_behind_it() {
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     // A stream key that holds a hash: XADD to it fails with WRONGTYPE.
-    redis::cmd("HSET").arg("poisoned").arg("f").arg("v").query::<i64>(&mut redis.conn()).unwrap();
+    redis::cmd("HSET")
+        .arg("poisoned")
+        .arg("f")
+        .arg("v")
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
     let mut tx = client.transaction().unwrap();
-    let before: i64 = tx.query_one("SELECT outbox_enqueue('good', '{\"n\": 1}')", &[]).unwrap().get(0);
-    let poison: i64 = tx.query_one("SELECT outbox_enqueue('poisoned', '{}')", &[]).unwrap().get(0);
-    let after: i64 = tx.query_one("SELECT outbox_enqueue('good', '{\"n\": 2}')", &[]).unwrap().get(0);
+    let before: i64 = tx
+        .query_one("SELECT outbox_enqueue('good', '{\"n\": 1}')", &[])
+        .unwrap()
+        .get(0);
+    let poison: i64 = tx
+        .query_one("SELECT outbox_enqueue('poisoned', '{}')", &[])
+        .unwrap()
+        .get(0);
+    let after: i64 = tx
+        .query_one("SELECT outbox_enqueue('good', '{\"n\": 2}')", &[])
+        .unwrap()
+        .get(0);
     tx.commit().unwrap();
     let later = enqueue_many(&mut client, "good", 50);
 
-    assert!(wait_until(Duration::from_secs(10), || redis.xlen("good") == 52), "good events held up");
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("good") == 52),
+        "good events held up"
+    );
     let mut expected = vec![before, after];
     expected.extend(later);
     assert_eq!(redis.ids("good"), expected);
     let row = client
-        .query_one("SELECT published_at IS NULL, attempts, last_error FROM outbox WHERE id = $1", &[&poison])
+        .query_one(
+            "SELECT published_at IS NULL, attempts, last_error FROM outbox WHERE id = $1",
+            &[&poison],
+        )
         .unwrap();
     assert!(row.get::<_, bool>(0), "the poison event is still pending");
     assert!(row.get::<_, i32>(1) >= 1, "its attempts were counted");
     let error: String = row.get(2);
     assert!(error.contains("WRONGTYPE"), "{error}");
-    assert!(pg.log().contains("rejected event"), "the rejection was not logged");
+    assert!(
+        pg.log().contains("rejected event"),
+        "the rejection was not logged"
+    );
 }
 
 #[test]
@@ -246,7 +378,11 @@ fn fast_shutdown_is_quick_while_redis_hangs() {
     enqueue_many(&mut client, "stuck", 10);
     assert!(
         wait_until(Duration::from_secs(5), || {
-            let state: String = pg.connect().query_one("SELECT state FROM outbox_workers", &[]).unwrap().get(0);
+            let state: String = pg
+                .connect()
+                .query_one("SELECT state FROM outbox_workers", &[])
+                .unwrap()
+                .get(0);
             state == "publishing"
         }),
         "the worker never started publishing"
@@ -254,7 +390,10 @@ fn fast_shutdown_is_quick_while_redis_hangs() {
     drop(client);
     let took = pg.stop("fast");
     redis.resume();
-    assert!(took < Duration::from_secs(5), "fast shutdown took {took:?} with Redis frozen");
+    assert!(
+        took < Duration::from_secs(5),
+        "fast shutdown took {took:?} with Redis frozen"
+    );
 }
 
 #[test]
@@ -273,17 +412,26 @@ fn a_standby_waits_and_publishes_after_promotion() {
     let mut replica = standby.connect();
     assert!(
         wait_until(Duration::from_secs(20), || {
-            replica.query_one("SELECT count(*) FROM outbox", &[]).map(|r| r.get::<_, i64>(0) == 25).unwrap_or(false)
+            replica
+                .query_one("SELECT count(*) FROM outbox", &[])
+                .map(|r| r.get::<_, i64>(0) == 25)
+                .unwrap_or(false)
         }),
         "the rows did not replicate"
     );
-    let state: String = replica.query_one("SELECT state FROM outbox_workers", &[]).unwrap().get(0);
+    let state: String = replica
+        .query_one("SELECT state FROM outbox_workers", &[])
+        .unwrap()
+        .get(0);
     assert_eq!(state, "standby");
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(redis.xlen("replicated"), 0, "a standby published");
 
     standby.promote();
-    assert!(wait_until(Duration::from_secs(20), || redis.xlen("replicated") == 25), "nothing after promotion");
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("replicated") == 25),
+        "nothing after promotion"
+    );
     assert_eq!(redis.ids("replicated"), ids);
     assert!(standby.log().contains("relaying starts on promotion"));
 }
@@ -294,9 +442,14 @@ fn the_worker_waits_for_create_extension_then_relays_without_restart() {
     let pg = relay(&redis, &[("outbox.poll_interval", "100ms")]);
     pg.wait_for_workers(1);
     let pid_before = pg.worker_pids();
-    assert!(wait_until(Duration::from_secs(10), || pg.log().contains("waiting for CREATE EXTENSION outbox")));
+    assert!(wait_until(Duration::from_secs(10), || pg
+        .log()
+        .contains("waiting for CREATE EXTENSION outbox")));
     let mut client = pg.with_extension();
-    let id: i64 = client.query_one("SELECT outbox_enqueue('late', '{}')", &[]).unwrap().get(0);
+    let id: i64 = client
+        .query_one("SELECT outbox_enqueue('late', '{}')", &[])
+        .unwrap()
+        .get(0);
     assert!(wait_until(Duration::from_secs(10), || redis.xlen("late") == 1));
     assert_eq!(redis.ids("late"), [id]);
     assert_eq!(pg.worker_pids(), pid_before, "the worker was restarted");
@@ -313,17 +466,29 @@ fn workers_are_named_and_reload_their_settings_on_sighup() {
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "outbox relay 0");
 
-    pg.set(&[("outbox.stream_prefix", "reloaded:"), ("outbox.batch_size", "7")]);
+    pg.set(&[
+        ("outbox.stream_prefix", "reloaded:"),
+        ("outbox.batch_size", "7"),
+    ]);
     assert!(
-        wait_until(Duration::from_secs(10), || pg.log().contains("reloaded") && pg.log().contains("batch_size=7")),
+        wait_until(Duration::from_secs(10), || pg.log().contains("reloaded")
+            && pg.log().contains("batch_size=7")),
         "the reload was not logged"
     );
-    client.query_one("SELECT outbox_enqueue('after', '{}')", &[]).unwrap();
-    assert!(wait_until(Duration::from_secs(10), || redis.xlen("reloaded:after") == 1), "prefix not reloaded");
+    client
+        .query_one("SELECT outbox_enqueue('after', '{}')", &[])
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("reloaded:after")
+            == 1),
+        "prefix not reloaded"
+    );
 
     // pg_terminate_backend stops a worker; the postmaster starts it again.
     let pid = pg.worker_pids()[0];
-    client.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
+    client
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap();
     assert!(wait_until(Duration::from_secs(10), || {
         let pids = pg.worker_pids();
         pids.len() == 1 && pids[0] != pid

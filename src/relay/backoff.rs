@@ -38,11 +38,16 @@ impl Backoff {
 /// capped at [`EVENT_RETRY_CAP`], so that a poison event costs little while it exhausts
 /// `outbox.max_attempts` and the events behind it flow on.
 pub fn event_retry_delay(attempts: i32) -> Duration {
-    doubling(Duration::from_secs(1), attempts.saturating_sub(1).max(0) as u32, EVENT_RETRY_CAP)
+    doubling(
+        Duration::from_secs(1),
+        attempts.saturating_sub(1).max(0) as u32,
+        EVENT_RETRY_CAP,
+    )
 }
 
 fn doubling(base: Duration, exponent: u32, cap: Duration) -> Duration {
-    base.checked_mul(2u32.saturating_pow(exponent.min(31))).map_or(cap, |d| d.min(cap))
+    base.checked_mul(2u32.saturating_pow(exponent.min(31)))
+        .map_or(cap, |d| d.min(cap))
 }
 
 #[cfg(test)]
@@ -53,7 +58,10 @@ mod tests {
     fn doubles_up_to_the_cap() {
         let mut b = Backoff::default();
         let delays: Vec<u128> = (0..10).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]);
+        assert_eq!(
+            delays,
+            [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]
+        );
         for _ in 0..100 {
             assert_eq!(b.next_delay(), CAP);
         }

@@ -100,10 +100,20 @@ impl Statements {
                 let created_at = row
                     .get_datum_by_ordinal(4)
                     .ok()
-                    .and_then(|entry| entry.value::<pgrx::datum::TimestampWithTimeZone>().ok().flatten())
+                    .and_then(|entry| {
+                        entry
+                            .value::<pgrx::datum::TimestampWithTimeZone>()
+                            .ok()
+                            .flatten()
+                    })
                     .map(i64::from)
                     .unwrap_or_default();
-                events.push(Event { id, topic, payload, created_at });
+                events.push(Event {
+                    id,
+                    topic,
+                    payload,
+                    created_at,
+                });
             }
             events
         })
@@ -140,7 +150,9 @@ impl Statements {
         Spi::connect_mut(|client| {
             client
                 .update(&self.bury, None, &[ids.into()])
-                .unwrap_or_else(|e| error!("outbox relay: moving events to outbox_dead failed: {e}"));
+                .unwrap_or_else(|e| {
+                    error!("outbox relay: moving events to outbox_dead failed: {e}")
+                });
         });
     }
 }

@@ -91,7 +91,12 @@ mod tests {
     use super::*;
 
     fn event(id: i64, topic: &str) -> Event {
-        Event { id, topic: topic.into(), payload: "{}".into(), created_at: 0 }
+        Event {
+            id,
+            topic: topic.into(),
+            payload: "{}".into(),
+            created_at: 0,
+        }
     }
 
     #[test]
@@ -109,7 +114,12 @@ mod tests {
 
     #[test]
     fn fields_follow_the_contract() {
-        let e = Event { id: 7, topic: "account.created".into(), payload: r#"{"a": 1}"#.into(), created_at: 0 };
+        let e = Event {
+            id: 7,
+            topic: "account.created".into(),
+            payload: r#"{"a": 1}"#.into(),
+            created_at: 0,
+        };
         let names: Vec<&str> = e.fields().iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["id", "topic", "payload", "created_at"]);
         assert_eq!(e.fields()[0].1, "7");
@@ -125,10 +135,21 @@ mod tests {
 
     #[test]
     fn groups_keep_id_order_per_stream() {
-        let events = [event(1, "a"), event(2, "b"), event(3, "a"), event(4, "c"), event(5, "b")];
+        let events = [
+            event(1, "a"),
+            event(2, "b"),
+            event(3, "a"),
+            event(4, "c"),
+            event(5, "b"),
+        ];
         let groups = group_by_stream("p:", &events);
-        let shape: Vec<(&str, Vec<usize>)> =
-            groups.iter().map(|(k, positions)| (k.as_str(), positions.clone())).collect();
-        assert_eq!(shape, [("p:a", vec![0, 2]), ("p:b", vec![1, 4]), ("p:c", vec![3])]);
+        let shape: Vec<(&str, Vec<usize>)> = groups
+            .iter()
+            .map(|(k, positions)| (k.as_str(), positions.clone()))
+            .collect();
+        assert_eq!(
+            shape,
+            [("p:a", vec![0, 2]), ("p:b", vec![1, 4]), ("p:c", vec![3])]
+        );
     }
 }

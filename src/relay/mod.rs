@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use std::ffi::{c_long, CString};
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -200,8 +202,13 @@ struct Relay {
 impl Relay {
     fn new(index: usize, shared: &'static Shared) -> Relay {
         // SAFETY: plain reads of process globals, after the database connection is made.
-        let marker_namespace =
-            unsafe { format!("{}.{}", pg_sys::GetSystemIdentifier(), pg_sys::MyDatabaseId.to_u32()) };
+        let marker_namespace = unsafe {
+            format!(
+                "{}.{}",
+                pg_sys::GetSystemIdentifier(),
+                pg_sys::MyDatabaseId.to_u32()
+            )
+        };
         let mut relay = Relay {
             index,
             shared,
@@ -245,7 +252,9 @@ impl Relay {
     }
 
     fn log_config(&self, event: &str) {
-        let retention = self.retention.map_or("off".to_string(), |r| format!("{}s", r.as_secs()));
+        let retention = self
+            .retention
+            .map_or("off".to_string(), |r| format!("{}s", r.as_secs()));
         log!(
             "outbox relay {} {event}: database={} redis_url={} batch_size={} poll_interval={}ms \
              redis_timeout={}ms stream_prefix='{}' stream_maxlen={} max_attempts={} retention={} \
@@ -276,10 +285,21 @@ impl Relay {
                 gucs::database()
             ),
             WorkerState::Standby => {
-                log!("outbox relay {}: server is a standby; relaying starts on promotion", self.index)
+                log!(
+                    "outbox relay {}: server is a standby; relaying starts on promotion",
+                    self.index
+                )
             }
-            _ if matches!(self.state, WorkerState::WaitingForExtension | WorkerState::Standby) => {
-                log!("outbox relay {}: relaying from schema {}", self.index, self.schema)
+            _ if matches!(
+                self.state,
+                WorkerState::WaitingForExtension | WorkerState::Standby
+            ) =>
+            {
+                log!(
+                    "outbox relay {}: relaying from schema {}",
+                    self.index,
+                    self.schema
+                )
             }
             _ => {}
         }
@@ -327,9 +347,23 @@ impl Relay {
             pg_sys::ConfigReloadPending = 0;
             pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
         }
-        let before = (self.target.clone(), self.batch_size, self.poll_interval, self.max_attempts, self.retention);
+        let before = (
+            self.target.clone(),
+            self.batch_size,
+            self.poll_interval,
+            self.max_attempts,
+            self.retention,
+        );
         self.read_settings();
-        if before != (self.target.clone(), self.batch_size, self.poll_interval, self.max_attempts, self.retention) {
+        if before
+            != (
+                self.target.clone(),
+                self.batch_size,
+                self.poll_interval,
+                self.max_attempts,
+                self.retention,
+            )
+        {
             self.log_config("reloaded");
         }
     }
@@ -367,7 +401,9 @@ impl Relay {
         if batch.published > 0 {
             let at = now();
             self.slot.record_batch(batch.published, at);
-            self.shared.last_published_at.fetch_max(at, std::sync::atomic::Ordering::Relaxed);
+            self.shared
+                .last_published_at
+                .fetch_max(at, std::sync::atomic::Ordering::Relaxed);
         }
         // The batch is committed: its markers have done their job.
         self.committed_markers.extend(batch.markers);
@@ -398,7 +434,11 @@ impl Relay {
 
     /// One claim → publish → mark, inside the caller's transaction.
     fn relay_batch(&mut self) -> Batch {
-        let nothing = |pass| Batch { pass, published: 0, markers: Vec::new() };
+        let nothing = |pass| Batch {
+            pass,
+            published: 0,
+            markers: Vec::new(),
+        };
         if self.statements().is_none() {
             return nothing(Pass::NoExtension);
         }
@@ -472,17 +512,29 @@ impl Relay {
                 if !failures.is_empty() {
                     self.charge_failures(failures);
                 }
-                let pass = if claimed == self.batch_size { Pass::Full } else { Pass::Drained };
-                Batch { pass, published: count, markers }
+                let pass = if claimed == self.batch_size {
+                    Pass::Full
+                } else {
+                    Pass::Drained
+                };
+                Batch {
+                    pass,
+                    published: count,
+                    markers,
+                }
             }
         }
     }
 
     /// Charges an attempt to each event Redis rejected; buries those out of attempts.
     fn charge_failures(&mut self, failures: Vec<(i64, String, String)>) {
-        let Some(statements) = self.statements.as_ref() else { return };
-        let errors: HashMap<i64, (String, String)> =
-            failures.iter().map(|(id, topic, e)| (*id, (topic.clone(), e.clone()))).collect();
+        let Some(statements) = self.statements.as_ref() else {
+            return;
+        };
+        let errors: HashMap<i64, (String, String)> = failures
+            .iter()
+            .map(|(id, topic, e)| (*id, (topic.clone(), e.clone())))
+            .collect();
         let attempts =
             statements.record_failures(failures.into_iter().map(|(id, _, e)| (id, e)).collect());
         let mut exhausted = Vec::new();
@@ -505,24 +557,31 @@ impl Relay {
                         self.max_attempts
                     );
                 }
-                self.retry_after.insert(id, Instant::now() + backoff::event_retry_delay(attempts));
+                self.retry_after
+                    .insert(id, Instant::now() + backoff::event_retry_delay(attempts));
             }
         }
         if !exhausted.is_empty() {
             statements.bury(exhausted);
         }
-        self.slot.set_error(errors.values().next().map(|(_, e)| e.as_str()), now());
+        self.slot
+            .set_error(errors.values().next().map(|(_, e)| e.as_str()), now());
     }
 
     /// Runs a pruning round when retention is on, a minute has passed since the last round of
     /// any worker, and this worker wins the race to start it.
     fn prune_if_due(&mut self) {
-        let Some(retention) = self.retention else { return };
+        let Some(retention) = self.retention else {
+            return;
+        };
         if self.statements.is_none() {
             return;
         }
         let at = now();
-        let due = self.shared.next_prune_at.load(std::sync::atomic::Ordering::Relaxed);
+        let due = self
+            .shared
+            .next_prune_at
+            .load(std::sync::atomic::Ordering::Relaxed);
         if at < due {
             return;
         }
@@ -530,20 +589,28 @@ impl Relay {
         if self
             .shared
             .next_prune_at
-            .compare_exchange(due, next, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Relaxed)
+            .compare_exchange(
+                due,
+                next,
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Relaxed,
+            )
             .is_err()
         {
             return;
         }
         let schema = self.schema.clone();
-        let Some((low, high)) = in_transaction(|| prune::id_span(&schema)) else { return };
+        let Some((low, high)) = in_transaction(|| prune::id_span(&schema)) else {
+            return;
+        };
         let mut from = low;
         let mut deleted = 0;
         for _ in 0..prune::MAX_RANGES_PER_ROUND {
             if from > high || shutdown_requested() {
                 break;
             }
-            let (gone, reached_recent) = in_transaction(|| prune::prune_range(&schema, from, retention));
+            let (gone, reached_recent) =
+                in_transaction(|| prune::prune_range(&schema, from, retention));
             deleted += gone;
             if reached_recent {
                 break;
@@ -551,7 +618,10 @@ impl Relay {
             from = from.saturating_add(prune::RANGE);
         }
         if deleted > 0 {
-            debug1!("outbox relay {}: pruned {deleted} published events", self.index);
+            debug1!(
+                "outbox relay {}: pruned {deleted} published events",
+                self.index
+            );
         }
     }
 }

@@ -40,7 +40,11 @@ pub fn prune_range(schema: &str, from: i64, retention: Duration) -> (i64, bool) 
     let seconds = retention.as_secs_f64();
     Spi::connect_mut(|client| {
         let table = client
-            .update(sql.as_str(), Some(1), &[from.into(), to.into(), seconds.into()])
+            .update(
+                sql.as_str(),
+                Some(1),
+                &[from.into(), to.into(), seconds.into()],
+            )
             .unwrap_or_else(|e| error!("outbox relay: pruning failed: {e}"))
             .first();
         let deleted = table.get::<i64>(1).ok().flatten().unwrap_or_default();

@@ -40,7 +40,10 @@ pub struct Request {
 pub enum Reply {
     /// Redis answered: one result per event, in the batch's order, and the marker keys the
     /// batch left behind (with dedupe on) to delete once the batch is marked.
-    Answered { results: Vec<Result<(), String>>, markers: Vec<String> },
+    Answered {
+        results: Vec<Result<(), String>>,
+        markers: Vec<String>,
+    },
     /// Redis could not be used at all; nothing may be marked.
     Unavailable(String),
 }
@@ -131,10 +134,15 @@ fn serve(incoming: Receiver<Request>, outgoing: Sender<Reply>) {
 
 fn connect(target: &Target) -> Result<redis::Connection, String> {
     let client = redis::Client::open(target.url.as_str()).map_err(|e| e.to_string())?;
-    let connection =
-        client.get_connection_with_timeout(target.timeout).map_err(|e| e.to_string())?;
-    connection.set_read_timeout(Some(target.timeout)).map_err(|e| e.to_string())?;
-    connection.set_write_timeout(Some(target.timeout)).map_err(|e| e.to_string())?;
+    let connection = client
+        .get_connection_with_timeout(target.timeout)
+        .map_err(|e| e.to_string())?;
+    connection
+        .set_read_timeout(Some(target.timeout))
+        .map_err(|e| e.to_string())?;
+    connection
+        .set_write_timeout(Some(target.timeout))
+        .map_err(|e| e.to_string())?;
     Ok(connection)
 }
 
@@ -185,13 +193,18 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
     if !request.committed_markers.is_empty() {
         pipe.cmd("UNLINK").arg(&request.committed_markers).ignore();
     }
-    let mut layout = Layout { commands: Vec::new(), markers: Vec::new() };
+    let mut layout = Layout {
+        commands: Vec::new(),
+        markers: Vec::new(),
+    };
     if target.dedupe {
         let ttl = target.dedupe_ttl.as_secs().max(1);
         for (stream, positions) in group_by_stream(&target.stream_prefix, &request.events) {
             let events: Vec<&Event> = positions.iter().map(|&p| &request.events[p]).collect();
-            let markers: Vec<String> =
-                events.iter().map(|e| marker_key(&target.marker_namespace, e.id)).collect();
+            let markers: Vec<String> = events
+                .iter()
+                .map(|e| marker_key(&target.marker_namespace, e.id))
+                .collect();
             let cmd = pipe
                 .cmd("EVAL")
                 .arg(DEDUPE_SCRIPT)
@@ -210,7 +223,10 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
         }
     } else {
         for (index, event) in request.events.iter().enumerate() {
-            let cmd = pipe.cmd("XADD").arg(super::encode::stream_key(&target.stream_prefix, &event.topic));
+            let cmd = pipe.cmd("XADD").arg(super::encode::stream_key(
+                &target.stream_prefix,
+                &event.topic,
+            ));
             if target.stream_maxlen > 0 {
                 cmd.arg("MAXLEN").arg("~").arg(target.stream_maxlen);
             }
@@ -263,7 +279,10 @@ fn read_replies(request: &Request, layout: &Layout, values: Vec<Value>) -> Resul
             other => return Err(format!("unexpected reply from Redis: {other:?}")),
         }
     }
-    Ok(Reply::Answered { results, markers: layout.markers.clone() })
+    Ok(Reply::Answered {
+        results,
+        markers: layout.markers.clone(),
+    })
 }
 
 /// Reads one `{ok, value}` pair of the dedupe script: `None` when the event was published.
@@ -289,7 +308,15 @@ mod tests {
     fn key_errors_are_per_event_and_the_rest_server_wide() {
         assert!(!is_server_wide("WRONGTYPE"));
         assert!(!is_server_wide("ERR"));
-        for code in ["NOAUTH", "WRONGPASS", "OOM", "LOADING", "READONLY", "BUSY", "MISCONF"] {
+        for code in [
+            "NOAUTH",
+            "WRONGPASS",
+            "OOM",
+            "LOADING",
+            "READONLY",
+            "BUSY",
+            "MISCONF",
+        ] {
             assert!(is_server_wide(code), "{code}");
         }
         assert_eq!(error_code("WRONGTYPE Operation against a key"), "WRONGTYPE");
@@ -300,7 +327,10 @@ mod tests {
     fn script_items_report_errors() {
         let ok = Value::Array(vec![Value::Int(1), Value::BulkString(b"1-0".to_vec())]);
         assert_eq!(script_item_error(ok), Ok(None));
-        let bad = Value::Array(vec![Value::Int(0), Value::BulkString(b"WRONGTYPE x".to_vec())]);
+        let bad = Value::Array(vec![
+            Value::Int(0),
+            Value::BulkString(b"WRONGTYPE x".to_vec()),
+        ]);
         assert_eq!(script_item_error(bad), Ok(Some("WRONGTYPE x".into())));
         assert!(script_item_error(Value::Nil).is_err());
     }

@@ -18,7 +18,10 @@ pub use postgres::Client;
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("no free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
 }
 
 /// Polls `condition` every 20 ms until it holds or `timeout` passes; returns whether it held.
@@ -36,7 +39,9 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
 }
 
 fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}\n{}",
@@ -51,7 +56,8 @@ fn is_root() -> bool {
 }
 
 fn bindir() -> PathBuf {
-    let pg_config = std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+    let pg_config = std::env::var("PG_CONFIG")
+        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
     PathBuf::from(run(Command::new(pg_config).arg("--bindir")).trim())
 }
 
@@ -69,7 +75,9 @@ fn pg_command(program: &str) -> Command {
 
 fn give_to_postgres(path: &Path) {
     if is_root() {
-        run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(path));
+        run(Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(path));
     }
 }
 
@@ -94,14 +102,27 @@ pub struct Redis {
 
 impl Redis {
     pub fn start() -> Redis {
-        let mut redis = Redis { port: free_port(), dir: scratch_dir("redis"), child: None };
+        let mut redis = Redis {
+            port: free_port(),
+            dir: scratch_dir("redis"),
+            child: None,
+        };
         redis.spawn();
         redis
     }
 
     fn spawn(&mut self) {
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -111,9 +132,11 @@ impl Redis {
         self.child = Some(child);
         let port = self.port;
         assert!(
-            wait_until(Duration::from_secs(10), || redis::Client::open(format!("redis://127.0.0.1:{port}"))
-                .and_then(|c| c.get_connection())
-                .is_ok()),
+            wait_until(Duration::from_secs(10), || redis::Client::open(format!(
+                "redis://127.0.0.1:{port}"
+            ))
+            .and_then(|c| c.get_connection())
+            .is_ok()),
             "redis-server did not start on port {port}"
         );
     }
@@ -125,7 +148,8 @@ impl Redis {
     pub fn conn(&self) -> redis::Connection {
         let client = redis::Client::open(self.url()).expect("bad redis url");
         let conn = client.get_connection().expect("cannot connect to redis");
-        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         conn
     }
 
@@ -158,12 +182,19 @@ impl Redis {
 
     /// Every entry of a stream, as (entry id, fields).
     pub fn entries(&self, stream: &str) -> Vec<(String, HashMap<String, String>)> {
-        let reply: Vec<(String, Vec<String>)> =
-            redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query(&mut self.conn()).expect("XRANGE failed");
+        let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg("-")
+            .arg("+")
+            .query(&mut self.conn())
+            .expect("XRANGE failed");
         reply
             .into_iter()
             .map(|(id, flat)| {
-                let fields = flat.chunks(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
+                let fields = flat
+                    .chunks(2)
+                    .map(|kv| (kv[0].clone(), kv[1].clone()))
+                    .collect();
                 (id, fields)
             })
             .collect()
@@ -171,18 +202,26 @@ impl Redis {
 
     /// The `id` field of every entry of a stream, in stream order.
     pub fn ids(&self, stream: &str) -> Vec<i64> {
-        self.entries(stream).iter().map(|(_, f)| f["id"].parse().expect("id is not a number")).collect()
+        self.entries(stream)
+            .iter()
+            .map(|(_, f)| f["id"].parse().expect("id is not a number"))
+            .collect()
     }
 
     pub fn xlen(&self, stream: &str) -> usize {
-        redis::cmd("XLEN").arg(stream).query(&mut self.conn()).expect("XLEN failed")
+        redis::cmd("XLEN")
+            .arg(stream)
+            .query(&mut self.conn())
+            .expect("XLEN failed")
     }
 }
 
 impl Drop for Redis {
     fn drop(&mut self) {
         if let Some(child) = &self.child {
-            let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
         }
         self.stop();
         let _ = fs::remove_dir_all(&self.dir);
@@ -201,7 +240,17 @@ impl Pg {
         let dir = scratch_dir("pg");
         give_to_postgres(&dir);
         run(pg_command("initdb")
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C", "-D"])
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-D",
+            ])
             .arg(dir.join("data")));
         Pg::start_in(dir, settings)
     }
@@ -211,7 +260,10 @@ impl Pg {
         let pg = Pg {
             port: free_port(),
             dir,
-            settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            settings: settings
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         pg.write_conf();
         pg.ctl_start();
@@ -244,12 +296,18 @@ impl Pg {
         let main = self.data().join("postgresql.conf");
         let text = fs::read_to_string(&main).expect("cannot read postgresql.conf");
         if !text.contains("include 'harness.conf'") {
-            fs::write(&main, format!("{text}\ninclude 'harness.conf'\n")).expect("cannot write postgresql.conf");
+            fs::write(&main, format!("{text}\ninclude 'harness.conf'\n"))
+                .expect("cannot write postgresql.conf");
         }
     }
 
     fn ctl_start(&self) {
-        run(pg_command("pg_ctl").arg("-D").arg(self.data()).arg("-l").arg(self.log_path()).args(["-w", "-t", "60", "start"]));
+        run(pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.log_path())
+            .args(["-w", "-t", "60", "start"]));
     }
 
     /// Changes settings in postgresql.conf and reloads the server.
@@ -259,11 +317,16 @@ impl Pg {
             self.settings.push((key.to_string(), value.to_string()));
         }
         self.write_conf();
-        self.connect().execute("SELECT pg_reload_conf()", &[]).unwrap();
+        self.connect()
+            .execute("SELECT pg_reload_conf()", &[])
+            .unwrap();
     }
 
     pub fn connect_to(&self, dbname: &str) -> Client {
-        let conninfo = format!("host=127.0.0.1 port={} user=postgres dbname={dbname} connect_timeout=10", self.port);
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres dbname={dbname} connect_timeout=10",
+            self.port
+        );
         let mut last = None;
         // Right after a crash restart the server refuses connections for a moment.
         for _ in 0..300 {
@@ -273,7 +336,10 @@ impl Pg {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("cannot connect to PostgreSQL on port {}: {last:?}", self.port)
+        panic!(
+            "cannot connect to PostgreSQL on port {}: {last:?}",
+            self.port
+        )
     }
 
     pub fn connect(&self) -> Client {
@@ -283,7 +349,9 @@ impl Pg {
     /// Connects and creates the extension.
     pub fn with_extension(&self) -> Client {
         let mut client = self.connect();
-        client.batch_execute("CREATE EXTENSION outbox").expect("CREATE EXTENSION failed");
+        client
+            .batch_execute("CREATE EXTENSION outbox")
+            .expect("CREATE EXTENSION failed");
         client
     }
 
@@ -294,7 +362,10 @@ impl Pg {
     /// Pids of the running relay workers, from pg_stat_activity.
     pub fn worker_pids(&self) -> Vec<i32> {
         self.connect()
-            .query("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' ORDER BY pid", &[])
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' ORDER BY pid",
+                &[],
+            )
             .unwrap()
             .iter()
             .map(|r| r.get(0))
@@ -318,7 +389,10 @@ impl Pg {
     /// Stops the server with `pg_ctl stop -m <mode>`; returns how long that took.
     pub fn stop(&self, mode: &str) -> Duration {
         let started = Instant::now();
-        run(pg_command("pg_ctl").arg("-D").arg(self.data()).args(["-m", mode, "-w", "-t", "60", "stop"]));
+        run(pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", mode, "-w", "-t", "60", "stop"]));
         started.elapsed()
     }
 
@@ -328,7 +402,10 @@ impl Pg {
     }
 
     pub fn promote(&self) {
-        run(pg_command("pg_ctl").arg("-D").arg(self.data()).args(["-w", "promote"]));
+        run(pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-w", "promote"]));
     }
 
     /// A streaming replica of this server, with the extension preloaded and `settings`.
@@ -336,14 +413,31 @@ impl Pg {
         let dir = scratch_dir("standby");
         give_to_postgres(&dir);
         run(pg_command("pg_basebackup")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-R", "-X", "stream", "-D"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "-D",
+            ])
             .arg(dir.join("data")));
         Pg::start_in(dir, settings)
     }
 
     /// Number of outbox rows still unpublished.
     pub fn pending(&self) -> i64 {
-        self.connect().query_one("SELECT count(*) FROM outbox WHERE published_at IS NULL", &[]).unwrap().get(0)
+        self.connect()
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+                &[],
+            )
+            .unwrap()
+            .get(0)
     }
 }
 
@@ -388,7 +482,11 @@ pub fn notifications(client: &mut Client, timeout: Duration, max: usize) -> Vec<
         if left.is_zero() {
             break;
         }
-        match notifications.timeout_iter(left).next().expect("connection failed while listening") {
+        match notifications
+            .timeout_iter(left)
+            .next()
+            .expect("connection failed while listening")
+        {
             Some(n) => got.push((n.channel().to_string(), n.payload().to_string())),
             None => break,
         }
