@@ -98,14 +98,21 @@ pub struct Redis {
     pub port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    password: Option<String>,
 }
 
 impl Redis {
     pub fn start() -> Redis {
+        Redis::start_with_password(None)
+    }
+
+    /// A server that requires `password` (`requirepass`).
+    pub fn start_with_password(password: Option<&str>) -> Redis {
         let mut redis = Redis {
             port: free_port(),
             dir: scratch_dir("redis"),
             child: None,
+            password: password.map(str::to_string),
         };
         redis.spawn();
         redis
@@ -123,6 +130,11 @@ impl Redis {
                 "--appendonly",
                 "no",
             ])
+            .args(
+                self.password
+                    .iter()
+                    .flat_map(|p| ["--requirepass", p.as_str()]),
+            )
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -141,8 +153,12 @@ impl Redis {
         );
     }
 
+    /// The server's URL, with its password if it has one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     pub fn conn(&self) -> redis::Connection {
@@ -427,6 +443,20 @@ impl Pg {
             ])
             .arg(dir.join("data")));
         Pg::start_in(dir, settings)
+    }
+
+    /// Runs a client program of PostgreSQL's (pg_dump, psql) against this server.
+    pub fn client_program(&self, program: &str, args: &[&str]) -> String {
+        run(Command::new(bindir().join(program))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(args))
     }
 
     /// Number of outbox rows still unpublished.

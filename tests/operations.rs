@@ -1,0 +1,451 @@
+//! Operating the outbox against real servers: pruning, dead letters, monitoring views,
+//! dump and restore, and secrets.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{enqueue_many, wait_until, Client, Pg, Redis};
+
+fn relay(redis: &Redis, extra: &[(&str, &str)]) -> Pg {
+    let url = redis.url();
+    let mut settings = vec![("outbox.redis_url", url.as_str())];
+    settings.extend_from_slice(extra);
+    Pg::start(&settings)
+}
+
+fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
+    client.query_one(sql, &[]).unwrap().get(0)
+}
+
+fn poison(redis: &Redis, key: &str) {
+    redis::cmd("HSET")
+        .arg(key)
+        .arg("f")
+        .arg("v")
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
+}
+
+#[test]
+fn pruning_keeps_pending_rows_and_the_table_flat() {
+    let redis = Redis::start();
+    let mut pg = relay(
+        &redis,
+        &[
+            ("outbox.retention", "1s"),
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.max_attempts", "1000000"),
+            // Ten rounds take seconds here, not days: let autovacuum look every second.
+            ("autovacuum_naptime", "1s"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    // An event that can never be published: it must survive every pruning round.
+    poison(&redis, "stuck");
+    let stuck: i64 = one(&mut client, "SELECT outbox_enqueue('stuck', '{}')");
+
+    let mut sizes = Vec::new();
+    for round in 0..10 {
+        enqueue_many(&mut client, "churn", 2_000);
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                one::<i64>(
+                    &mut pg.connect(),
+                    "SELECT count(*) FROM outbox WHERE topic = 'churn'",
+                ) == 0
+            }),
+            "round {round}: published rows were not pruned"
+        );
+        sizes.push(one::<i64>(&mut client, "SELECT pg_relation_size('outbox')"));
+    }
+    eprintln!("outbox heap size after each round (bytes): {sizes:?}");
+    assert_eq!(
+        redis.xlen("churn"),
+        20_000,
+        "every event was published before being pruned"
+    );
+    let early = *sizes[..3].iter().max().unwrap();
+    assert!(
+        sizes[9] <= 2 * early,
+        "the table grew from {early} to {} bytes over ten rounds: {sizes:?}",
+        sizes[9]
+    );
+    let still: i64 = client
+        .query_one("SELECT count(*) FROM outbox WHERE id = $1", &[&stuck])
+        .unwrap()
+        .get(0);
+    assert_eq!(still, 1, "a pending row was pruned");
+
+    // Retention 0 keeps history forever.
+    pg.set(&[("outbox.retention", "0")]);
+    assert!(wait_until(Duration::from_secs(10), || pg
+        .log()
+        .contains("retention=off")));
+    enqueue_many(&mut client, "kept", 100);
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen("kept") == 100));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        one::<i64>(
+            &mut client,
+            "SELECT count(*) FROM outbox WHERE topic = 'kept'"
+        ),
+        100
+    );
+}
+
+#[test]
+fn a_poison_event_is_buried_after_max_attempts_and_redriven() {
+    let redis = Redis::start();
+    let pg = relay(
+        &redis,
+        &[
+            ("outbox.max_attempts", "3"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    poison(&redis, "orders");
+    let mut tx = client.transaction().unwrap();
+    let bad: i64 = tx
+        .query_one("SELECT outbox_enqueue('orders', '{\"n\": 1}')", &[])
+        .unwrap()
+        .get(0);
+    let good: i64 = tx
+        .query_one("SELECT outbox_enqueue('payments', '{\"n\": 2}')", &[])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+
+    assert!(
+        wait_until(Duration::from_secs(5), || redis.xlen("payments") == 1),
+        "the good event waited"
+    );
+    assert_eq!(redis.ids("payments"), [good]);
+    // Retries after 1 s and 2 s, then the third failure buries it.
+    assert!(
+        wait_until(Duration::from_secs(20), || one::<i64>(
+            &mut pg.connect(),
+            "SELECT dead FROM outbox_status"
+        ) == 1),
+        "the poison event never reached outbox_dead"
+    );
+    let row = client
+        .query_one(
+            "SELECT id, topic, payload::text, attempts, last_error, failed_at IS NOT NULL, created_at IS NOT NULL \
+             FROM outbox_dead",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), bad);
+    assert_eq!(row.get::<_, String>(1), "orders");
+    assert_eq!(row.get::<_, String>(2), r#"{"n": 1}"#);
+    assert_eq!(row.get::<_, i32>(3), 3);
+    assert!(row.get::<_, String>(4).contains("WRONGTYPE"));
+    assert!(row.get::<_, bool>(5) && row.get::<_, bool>(6));
+    assert_eq!(
+        one::<i64>(
+            &mut client,
+            &format!("SELECT count(*) FROM outbox WHERE id = {bad}")
+        ),
+        0
+    );
+    assert!(pg.log().contains(&format!(
+        "event {bad} (topic orders) moved to outbox_dead after 3 failed attempts"
+    )));
+
+    // Fix the key, redrive: the event goes out with its original id.
+    redis::cmd("DEL")
+        .arg("orders")
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
+    assert!(one::<bool>(
+        &mut client,
+        &format!("SELECT outbox_redrive({bad})")
+    ));
+    assert!(
+        !one::<bool>(&mut client, &format!("SELECT outbox_redrive({bad})")),
+        "redriven twice"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || redis.xlen("orders") == 1),
+        "the redriven event was not published"
+    );
+    assert_eq!(redis.ids("orders"), [bad]);
+    assert_eq!(one::<i64>(&mut client, "SELECT dead FROM outbox_status"), 0);
+
+    // outbox_redrive_all brings back every dead event.
+    poison(&redis, "refunds");
+    let dead: BTreeSet<i64> = enqueue_many(&mut client, "refunds", 3)
+        .into_iter()
+        .collect();
+    assert!(wait_until(Duration::from_secs(20), || one::<i64>(
+        &mut pg.connect(),
+        "SELECT dead FROM outbox_status"
+    ) == 3));
+    redis::cmd("DEL")
+        .arg("refunds")
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
+    assert_eq!(one::<i64>(&mut client, "SELECT outbox_redrive_all()"), 3);
+    assert!(wait_until(Duration::from_secs(5), || redis.xlen("refunds") == 3));
+    assert_eq!(
+        redis.ids("refunds").into_iter().collect::<BTreeSet<_>>(),
+        dead
+    );
+    let attempts: i32 = one(
+        &mut client,
+        &format!(
+            "SELECT attempts FROM outbox WHERE id = {}",
+            dead.first().unwrap()
+        ),
+    );
+    assert_eq!(attempts, 0, "attempts are reset by a redrive");
+}
+
+#[test]
+fn status_views_follow_a_backlog_and_an_outage() {
+    let mut redis = Redis::start();
+    let pg = relay(
+        &redis,
+        &[
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.redis_timeout", "300ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let status = |c: &mut Client| -> (i64, Option<f64>, i64, bool, i32) {
+        let r = c
+            .query_one(
+                "SELECT pending, extract(epoch FROM oldest_pending_age)::float8, dead, \
+                        last_published_at IS NOT NULL, workers_running FROM outbox_status",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
+    };
+    assert_eq!(status(&mut client), (0, None, 0, false, 1));
+
+    redis.stop();
+    enqueue_many(&mut client, "backlog", 40);
+    assert!(wait_until(Duration::from_secs(10), || {
+        one::<String>(&mut pg.connect(), "SELECT state FROM outbox_workers") == "backoff"
+    }));
+    std::thread::sleep(Duration::from_millis(1100));
+    let (pending, age, _, _, running) = status(&mut client);
+    assert_eq!(pending, 40);
+    assert!(age.is_some_and(|a| a >= 1.0), "oldest_pending_age {age:?}");
+    assert_eq!(running, 1);
+    let row = client
+        .query_one(
+            "SELECT last_error, last_error_at IS NOT NULL FROM outbox_workers",
+            &[],
+        )
+        .unwrap();
+    assert!(row.get::<_, Option<String>>(0).is_some() && row.get::<_, bool>(1));
+
+    redis.start_again();
+    assert!(
+        wait_until(Duration::from_secs(30), || status(&mut pg.connect()).0 == 0),
+        "backlog not drained"
+    );
+    let (pending, age, dead, published, _) = status(&mut client);
+    assert_eq!((pending, age, dead, published), (0, None, 0, true));
+    assert!(wait_until(Duration::from_secs(5), || {
+        one::<String>(&mut pg.connect(), "SELECT state FROM outbox_workers") == "idle"
+    }));
+    let row = client
+        .query_one(
+            "SELECT published, last_error, last_batch_at IS NOT NULL FROM outbox_workers",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 40);
+    assert_eq!(
+        row.get::<_, Option<String>>(1),
+        None,
+        "the error clears when Redis is back"
+    );
+    assert!(row.get::<_, bool>(2));
+}
+
+#[test]
+fn status_views_never_scan_a_million_rows_of_history() {
+    let redis = Redis::start();
+    let pg = relay(&redis, &[("outbox.retention", "0")]);
+    let mut client = pg.with_extension();
+    client
+        .batch_execute(
+            "INSERT INTO outbox (topic, payload, published_at) \
+             SELECT 'history', '{}', now() FROM generate_series(1, 1000000); \
+             ANALYZE outbox",
+        )
+        .unwrap();
+    enqueue_many(&mut client, "fresh", 5);
+    for view in ["outbox_status", "outbox_workers"] {
+        let plan: Vec<String> = client
+            .query(&format!("EXPLAIN SELECT * FROM {view}"), &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        let seq_scans_of_outbox = plan
+            .lines()
+            .filter(|l| l.contains("Seq Scan on outbox") && !l.contains("Seq Scan on outbox_dead"))
+            .count();
+        assert_eq!(seq_scans_of_outbox, 0, "{view} scans the history:\n{plan}");
+    }
+    assert!(wait_until(Duration::from_secs(10), || one::<i64>(
+        &mut pg.connect(),
+        "SELECT pending FROM outbox_status"
+    ) == 0));
+}
+
+#[test]
+fn dump_and_restore_keep_events_dead_letters_and_ids() {
+    let redis = Redis::start();
+    let url = redis.url();
+    // The source does not relay, so its events stay pending.
+    let source = Pg::start(&[("outbox.workers", "0")]);
+    let mut client = source.with_extension();
+    let pending = enqueue_many(&mut client, "moved", 20);
+    client
+        .batch_execute(
+            "INSERT INTO outbox_dead (id, topic, payload, created_at, attempts, last_error) \
+             VALUES (nextval('outbox_id_seq'), 'dead', '{}', now(), 10, 'WRONGTYPE'); \
+             INSERT INTO outbox (topic, payload, published_at) VALUES ('old', '{}', now())",
+        )
+        .unwrap();
+    let highest: i64 = one(
+        &mut client,
+        "SELECT max(id) FROM (SELECT id FROM outbox UNION ALL SELECT id FROM outbox_dead) t",
+    );
+    let dump = source.dir.join("outbox.sql");
+    source.client_program("pg_dump", &["-d", "postgres", "-f", dump.to_str().unwrap()]);
+
+    let target = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    target.client_program(
+        "psql",
+        &[
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            "postgres",
+            "-f",
+            dump.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || redis.xlen("moved") == 20),
+        "restored events not published"
+    );
+    assert_eq!(redis.ids("moved"), pending);
+    let mut restored = target.connect();
+    assert_eq!(
+        one::<i64>(&mut restored, "SELECT count(*) FROM outbox_dead"),
+        1
+    );
+    assert_eq!(
+        redis.xlen("old"),
+        0,
+        "an event published before the dump went out again"
+    );
+    let next: i64 = one(
+        &mut restored,
+        "SELECT outbox_enqueue('after.restore', '{}')",
+    );
+    assert!(
+        next > highest,
+        "new id {next} collides with restored ids up to {highest}"
+    );
+}
+
+#[test]
+fn the_redis_password_stays_secret() {
+    let redis = Redis::start_with_password(Some("right-horse-battery"));
+    let wrong = format!("redis://:wrong-staple-s3cret@127.0.0.1:{}", redis.port);
+    let pg = Pg::start(&[
+        ("outbox.redis_url", wrong.as_str()),
+        ("outbox.redis_timeout", "1s"),
+    ]);
+    let mut admin = pg.with_extension();
+    pg.wait_for_workers(1);
+    enqueue_many(&mut admin, "secret", 3);
+    assert!(wait_until(Duration::from_secs(10), || {
+        one::<String>(&mut pg.connect(), "SELECT state FROM outbox_workers") == "backoff"
+    }));
+    let error: String = one(&mut admin, "SELECT last_error FROM outbox_workers");
+    assert!(
+        error.to_lowercase().contains("authentication failed"),
+        "{error}"
+    );
+    assert!(!error.contains("wrong-staple-s3cret"), "{error}");
+    let log = pg.log();
+    assert!(
+        log.contains("redis_url=redis://:***@127.0.0.1"),
+        "the start-up line shows the masked URL"
+    );
+    assert!(
+        !log.contains("wrong-staple-s3cret"),
+        "the password reached the server log:\n{log}"
+    );
+
+    // A superuser sees the setting; nobody else does.
+    let shown: String = one(&mut admin, "SHOW outbox.redis_url");
+    assert_eq!(shown, wrong);
+    admin.batch_execute("CREATE ROLE watcher LOGIN").unwrap();
+    let mut watcher = pg.connect();
+    watcher.batch_execute("SET ROLE watcher").unwrap();
+    let error = watcher.batch_execute("SHOW outbox.redis_url").unwrap_err();
+    assert_eq!(error.code().map(|c| c.code()), Some("42501"), "{error:?}");
+    let listed: i64 = one(
+        &mut watcher,
+        "SELECT count(*) FROM pg_settings WHERE name = 'outbox.redis_url'",
+    );
+    assert_eq!(listed, 0);
+
+    // With the right password the backlog goes out.
+    let mut pg = pg;
+    let right = redis.url();
+    pg.set(&[("outbox.redis_url", right.as_str())]);
+    assert!(wait_until(Duration::from_secs(20), || redis.xlen("secret") == 3));
+}
+
+#[test]
+fn a_monitoring_role_needs_only_select_on_the_views() {
+    let redis = Redis::start();
+    let pg = relay(&redis, &[]);
+    let mut admin = pg.with_extension();
+    admin
+        .batch_execute("CREATE ROLE monitoring LOGIN; GRANT SELECT ON outbox_status, outbox_workers TO monitoring")
+        .unwrap();
+    let mut monitor = pg.connect();
+    monitor.batch_execute("SET ROLE monitoring").unwrap();
+    assert_eq!(
+        one::<i64>(&mut monitor, "SELECT pending FROM outbox_status"),
+        0
+    );
+    assert_eq!(
+        monitor
+            .query("SELECT * FROM outbox_workers", &[])
+            .unwrap()
+            .len(),
+        1
+    );
+    let error = monitor.batch_execute("SELECT * FROM outbox").unwrap_err();
+    assert_eq!(error.code().map(|c| c.code()), Some("42501"));
+    let error = monitor
+        .batch_execute("SELECT outbox_redrive_all()")
+        .unwrap_err();
+    assert_eq!(error.code().map(|c| c.code()), Some("42501"));
+}
