@@ -375,17 +375,28 @@ impl Pg {
         fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// Runs a query on a fresh connection, trying again while the server is restarting
+    /// after a crash (connections then break mid-query).
+    pub fn query_retrying(&self, sql: &str) -> Vec<postgres::Row> {
+        let mut last = None;
+        for _ in 0..200 {
+            match self.connect().query(sql, &[]) {
+                Ok(rows) => return rows,
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{sql} kept failing: {last:?}")
+    }
+
     /// Pids of the running relay workers, from pg_stat_activity.
     pub fn worker_pids(&self) -> Vec<i32> {
-        self.connect()
-            .query(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' ORDER BY pid",
-                &[],
-            )
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
+        self.query_retrying(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' ORDER BY pid",
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
     }
 
     /// Waits for `n` relay workers to be running.
@@ -461,13 +472,7 @@ impl Pg {
 
     /// Number of outbox rows still unpublished.
     pub fn pending(&self) -> i64 {
-        self.connect()
-            .query_one(
-                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-                &[],
-            )
-            .unwrap()
-            .get(0)
+        self.query_retrying("SELECT count(*) FROM outbox WHERE published_at IS NULL")[0].get(0)
     }
 }
 

@@ -1,0 +1,248 @@
+//! Exactly once into Redis: a relay killed between publishing a batch and marking it leaves no
+//! duplicate with `outbox.dedupe = on`, and the at-least-once duplicates come back with it off.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use common::{enqueue_many, wait_until, Pg, Redis};
+
+const BATCH: i64 = 100;
+
+fn marker_keys(redis: &Redis) -> usize {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("outbox:dedupe:*")
+        .query(&mut redis.conn())
+        .unwrap();
+    keys.len()
+}
+
+/// Commits `n` events on `stream` and kills the worker with SIGKILL after it has published the
+/// first batch and before it could mark it: a SHARE lock, queued behind the committing writer,
+/// holds back the mark (ROW EXCLUSIVE) but not the claim (ROW SHARE). `before_kill` looks at
+/// that moment. Returns the ids.
+fn kill_between_publish_and_mark(
+    pg: &Pg,
+    redis: &Redis,
+    stream: &str,
+    n: i64,
+    before_kill: impl FnOnce(),
+) -> Vec<i64> {
+    // A worker that has found the extension has prepared its statements (which takes the locks
+    // a mark needs), so the lock below catches it in a mark, not in its preparation.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            pg.query_retrying("SELECT state FROM outbox_workers")
+                .first()
+                .map(|r| r.get::<_, String>(0))
+                == Some("idle".into())
+        }),
+        "the worker did not become idle"
+    );
+    let pid = pg.worker_pids()[0];
+    let published_before = redis.xlen(stream);
+    let mut writer = pg.connect();
+    writer.batch_execute("BEGIN").unwrap();
+    let ids = enqueue_many(&mut writer, stream, n);
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let port = pg.port;
+    let locker = std::thread::spawn(move || {
+        let conninfo = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+        let mut client = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+        let _ = client.batch_execute("BEGIN; LOCK TABLE outbox IN SHARE MODE");
+        let _ = released.recv();
+    });
+    assert!(wait_until(Duration::from_secs(10), || {
+        let waiting = pg.query_retrying(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'BEGIN; LOCK TABLE%' AND wait_event_type = 'Lock'",
+        );
+        waiting[0].get::<_, i64>(0) == 1
+    }));
+    writer.batch_execute("COMMIT").unwrap();
+    let held = wait_until(Duration::from_secs(10), || {
+        let waiting = pg.query_retrying(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid} AND wait_event_type = 'Lock'"
+        ));
+        waiting[0].get::<_, i64>(0) == 1 && redis.xlen(stream) > published_before
+    });
+    assert!(
+        held,
+        "the worker was not caught between publishing and marking"
+    );
+    before_kill();
+    pg.kill9(pid);
+    let _ = release.send(());
+    locker.join().unwrap();
+    pg.wait_for_workers(1);
+    ids
+}
+
+/// Five kills, each between publishing a batch and marking it, then one at a random moment of
+/// a 20,000-event drain. Returns the published ids and the enqueued ones.
+fn drain_with_kills(dedupe: &str) -> (Vec<i64>, BTreeSet<i64>, Redis) {
+    let redis = Redis::start();
+    let url = redis.url();
+    let batch = BATCH.to_string();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.dedupe", dedupe),
+        ("outbox.batch_size", batch.as_str()),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut expected = BTreeSet::new();
+    for _ in 0..5 {
+        expected.extend(kill_between_publish_and_mark(
+            &pg,
+            &redis,
+            "drain",
+            2_000,
+            || {},
+        ));
+    }
+    let mut client = pg.connect();
+    expected.extend(enqueue_many(&mut client, "drain", 20_000));
+    drop(client);
+    let before = redis.xlen("drain");
+    wait_until(Duration::from_secs(20), || {
+        redis.xlen("drain") > before + 5_000
+    });
+    pg.kill9(pg.worker_pids()[0]);
+    assert!(
+        wait_until(Duration::from_secs(120), || pg.pending() == 0),
+        "backlog not drained"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    (redis.ids("drain"), expected, redis)
+}
+
+fn duplicates(ids: &[i64]) -> usize {
+    let mut counts: HashMap<i64, usize> = HashMap::new();
+    for id in ids {
+        *counts.entry(*id).or_default() += 1;
+    }
+    counts.values().map(|c| c - 1).sum()
+}
+
+#[test]
+fn with_dedupe_on_kills_leave_every_id_in_its_stream_once() {
+    let (ids, expected, redis) = drain_with_kills("on");
+    assert_eq!(
+        ids.iter().copied().collect::<BTreeSet<_>>(),
+        expected,
+        "an event was lost"
+    );
+    assert_eq!(duplicates(&ids), 0, "duplicates with dedupe on");
+    assert_eq!(ids.len(), expected.len());
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "a single worker publishes in id order"
+    );
+    eprintln!(
+        "dedupe on: 6 kills, {} entries for {} events",
+        ids.len(),
+        expected.len()
+    );
+    // A kill after a batch committed and before its markers were deleted leaves at most that
+    // batch's markers, each expiring within outbox.dedupe_ttl (1 day by default).
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("outbox:dedupe:*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(keys.len() <= BATCH as usize, "{} markers left", keys.len());
+    for key in &keys {
+        let ttl: i64 = redis::cmd("TTL").arg(key).query(&mut redis.conn()).unwrap();
+        assert!((1..=86_400).contains(&ttl), "{key} expires in {ttl}s");
+    }
+}
+
+#[test]
+fn with_dedupe_off_the_same_kills_duplicate_batches() {
+    let (ids, expected, _redis) = drain_with_kills("off");
+    assert_eq!(
+        ids.iter().copied().collect::<BTreeSet<_>>(),
+        expected,
+        "an event was lost"
+    );
+    let dups = duplicates(&ids);
+    eprintln!("dedupe off: 6 kills, {dups} duplicate entries");
+    // Each of the five kills held back a whole published batch.
+    assert!(
+        dups >= 5 * BATCH as usize,
+        "only {dups} duplicates: the test cannot see them"
+    );
+    assert!(
+        dups <= 6 * BATCH as usize,
+        "{dups} duplicates from six kills"
+    );
+}
+
+#[test]
+fn markers_stay_bounded_by_a_few_batches() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.batch_size", "100"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut most = 0;
+    for _ in 0..20 {
+        enqueue_many(&mut client, "steady", 1_000);
+        for _ in 0..5 {
+            most = most.max(marker_keys(&redis));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert!(wait_until(Duration::from_secs(30), || pg.pending() == 0));
+    assert_eq!(redis.xlen("steady"), 20_000);
+    eprintln!("most marker keys seen while relaying 20000 events: {most}");
+    assert!(most <= 3 * 100, "{most} marker keys for batches of 100");
+    assert!(
+        wait_until(Duration::from_secs(5), || marker_keys(&redis) == 0),
+        "markers left when idle"
+    );
+}
+
+#[test]
+fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.dedupe_ttl", "1h"),
+    ]);
+    pg.with_extension();
+    pg.wait_for_workers(1);
+    let ids = kill_between_publish_and_mark(&pg, &redis, "crash", 10, || {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("outbox:dedupe:*")
+            .query(&mut redis.conn())
+            .unwrap();
+        assert_eq!(keys.len(), 10, "one marker per published, unmarked event");
+        for key in &keys {
+            let ttl: i64 = redis::cmd("TTL").arg(key).query(&mut redis.conn()).unwrap();
+            assert!(
+                (3500..=3600).contains(&ttl),
+                "{key} expires in {ttl}s, not outbox.dedupe_ttl"
+            );
+        }
+    });
+    assert_eq!(redis.xlen("crash"), 10);
+    assert!(
+        wait_until(Duration::from_secs(20), || pg.pending() == 0),
+        "the batch was not marked after the crash"
+    );
+    assert_eq!(
+        redis.ids("crash"),
+        ids,
+        "the republished batch added entries"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || marker_keys(&redis) == 0),
+        "markers outlived their batch"
+    );
+}
