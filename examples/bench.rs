@@ -1,0 +1,432 @@
+//! `make bench`: what the outbox costs and how fast it relays, each figure beside its baseline
+//! from the same run. Starts its own PostgreSQL (extension preloaded) and redis-server, prints
+//! one Markdown table and writes it to BENCHMARKS.md. It reports; it never fails on a figure.
+//!
+//! Run through `scripts/bench.sh`, which installs a release build of the extension first.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::process::Command;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{wait_until, Client, Pg, Redis};
+
+/// Repetitions of each measured case; the table shows medians.
+const REPS: usize = 3;
+const PGBENCH_SECONDS: u32 = 8;
+const BACKLOG: i64 = 200_000;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+struct Report {
+    rows: Vec<[String; 5]>,
+}
+
+impl Report {
+    fn row(&mut self, case: &str, figure: String, baseline: String, ratio: String, target: &str) {
+        println!("  {case}: {figure} | baseline {baseline} | {ratio} | {target}");
+        self.rows.push([case.into(), figure, baseline, ratio, target.into()]);
+    }
+
+    fn markdown(&self) -> String {
+        let mut out = String::from("| case | figure | baseline | ratio | target |\n| --- | --- | --- | --- | --- |\n");
+        for r in &self.rows {
+            let _ = writeln!(out, "| {} | {} | {} | {} | {} |", r[0], r[1], r[2], r[3], r[4]);
+        }
+        out
+    }
+}
+
+fn bindir() -> String {
+    let pg_config = std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+    let out = Command::new(pg_config).arg("--bindir").output().expect("pg_config");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Runs pgbench with `script` and returns its tps.
+fn pgbench(pg: &Pg, script: &str, clients: u32) -> f64 {
+    let path = std::env::temp_dir().join(format!("outbox-bench-{}.sql", std::process::id()));
+    std::fs::write(&path, script).unwrap();
+    let out = Command::new(format!("{}/pgbench", bindir()))
+        .args(["-h", "127.0.0.1", "-p", &pg.port.to_string(), "-U", "postgres", "-n", "-M", "prepared"])
+        .args(["-c", &clients.to_string(), "-j", &clients.to_string(), "-T", &PGBENCH_SECONDS.to_string()])
+        .arg("-f")
+        .arg(&path)
+        .arg("postgres")
+        .output()
+        .expect("cannot run pgbench");
+    let _ = std::fs::remove_file(&path);
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("pgbench failed: {text}\n{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+fn write_cost(pg: &Pg, report: &mut Report) {
+    println!("1. write cost (pgbench, {PGBENCH_SECONDS} s x {REPS}, relay running)");
+    let mut admin = pg.connect();
+    admin.batch_execute("CREATE TABLE IF NOT EXISTS accounts (id bigserial PRIMARY KEY, email text NOT NULL)").unwrap();
+    let business = "INSERT INTO accounts (email) VALUES ('ada@example.com');\n";
+    let hand = format!(
+        "BEGIN;\n{business}INSERT INTO outbox (topic, payload) VALUES ('account.created', '{{\"account_id\": 7}}');\nCOMMIT;\n"
+    );
+    let enqueue =
+        format!("BEGIN;\n{business}SELECT outbox_enqueue('account.created', '{{\"account_id\": 7}}');\nCOMMIT;\n");
+    let cases: [(&str, &str, Option<&str>); 4] = [
+        ("business insert alone", business, None),
+        ("+ hand-written INSERT INTO outbox", &hand, None),
+        ("+ outbox_enqueue, notify_channel empty", &enqueue, Some("")),
+        ("+ outbox_enqueue, default channel", &enqueue, Some("outbox")),
+    ];
+    for clients in [1, 8] {
+        let mut tps: HashMap<&str, Vec<f64>> = HashMap::new();
+        for _ in 0..REPS {
+            for (name, script, channel) in &cases {
+                admin.batch_execute("TRUNCATE accounts, outbox").unwrap();
+                let channel = channel.unwrap_or("outbox");
+                admin.batch_execute(&format!("ALTER DATABASE postgres SET outbox.notify_channel = '{channel}'")).unwrap();
+                tps.entry(name).or_default().push(pgbench(pg, script, clients));
+            }
+        }
+        admin.batch_execute("ALTER DATABASE postgres RESET outbox.notify_channel").unwrap();
+        let baseline = median(tps[cases[1].0].clone());
+        for (name, _, _) in &cases {
+            let figure = median(tps[name].clone());
+            let target = if *name == cases[2].0 && clients == 8 { ">= 0.95 (within 5%)" } else { "" };
+            report.row(
+                &format!("write, {clients} client(s): {name}"),
+                format!("{figure:.0} tps"),
+                format!("{baseline:.0} tps (hand-written insert)"),
+                format!("{:.3}", figure / baseline),
+                target,
+            );
+        }
+    }
+}
+
+/// Commits `n` events in one transaction, then times until the stream holds them all.
+fn drain_seconds(pg: &Pg, redis: &Redis, stream: &str, n: i64) -> f64 {
+    let mut client = pg.connect();
+    client.batch_execute("SET outbox.notify_channel = ''").unwrap();
+    client
+        .execute(
+            "SELECT outbox_enqueue($1, jsonb_build_object('account_id', g, 'email', 'user' || g || '@example.com')) \
+             FROM generate_series(1::bigint, $2) g",
+            &[&stream, &n],
+        )
+        .unwrap();
+    let committed = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(600), || redis.xlen(stream) as i64 >= n),
+        "the backlog did not drain"
+    );
+    let took = committed.elapsed().as_secs_f64();
+    let _ = redis::cmd("DEL").arg(stream).query::<i64>(&mut redis.conn());
+    assert!(wait_until(Duration::from_secs(60), || pg.pending() == 0));
+    took
+}
+
+/// Changes settings and waits until the worker's latest configuration line shows `expect`.
+fn set_and_wait(pg: &mut Pg, settings: &[(&str, &str)], expect: &[&str]) {
+    pg.set(settings);
+    let applied = wait_until(Duration::from_secs(10), || {
+        let log = pg.log();
+        let last = log.lines().rev().find(|l| l.contains("outbox relay 0 started") || l.contains("outbox relay 0 reloaded"));
+        last.is_some_and(|line| expect.iter().all(|e| line.contains(e)))
+    });
+    assert!(applied, "the worker did not take {settings:?}");
+}
+
+/// The database side alone: claim and mark the same rows in the same batch sizes, no Redis.
+fn ceiling_seconds(client: &mut Client, n: i64, batch: i64) -> f64 {
+    client
+        .execute(
+            "INSERT INTO outbox (topic, payload) SELECT 'ceiling', \
+             jsonb_build_object('account_id', g, 'email', 'user' || g || '@example.com') \
+             FROM generate_series(1::bigint, $1) g",
+            &[&n],
+        )
+        .unwrap();
+    let started = Instant::now();
+    client
+        .batch_execute(&format!(
+            "DO $$ DECLARE ids bigint[]; BEGIN LOOP \
+               SELECT array_agg(id) INTO ids FROM ( \
+                 SELECT id, topic, payload::text, created_at FROM outbox WHERE published_at IS NULL \
+                 ORDER BY id LIMIT {batch} FOR UPDATE SKIP LOCKED) claimed; \
+               EXIT WHEN ids IS NULL; \
+               UPDATE outbox SET published_at = now() WHERE id = ANY(ids); \
+               COMMIT; \
+             END LOOP; END $$"
+        ))
+        .unwrap();
+    started.elapsed().as_secs_f64()
+}
+
+fn worker_pid(pg: &Pg) -> i32 {
+    pg.worker_pids()[0]
+}
+
+fn proc_status_kb(pid: i32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of /proc/pid/stat, 12 and 13 after the name.
+    fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// Peak resident memory of the worker while it drains `n` events.
+fn peak_rss_during_drain(pg: &Pg, redis: &Redis, n: i64) -> u64 {
+    let pid = worker_pid(pg);
+    let (stop, stopped) = mpsc::channel::<()>();
+    let sampler = thread::spawn(move || {
+        let mut peak = 0;
+        while stopped.try_recv().is_err() {
+            peak = peak.max(proc_status_kb(pid, "VmRSS:"));
+            thread::sleep(Duration::from_millis(5));
+        }
+        peak
+    });
+    drain_seconds(pg, redis, "memory", n);
+    let _ = stop.send(());
+    sampler.join().unwrap()
+}
+
+fn relay_throughput(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+    println!("2. relay throughput ({BACKLOG} events committed at once)");
+    let mut figures: HashMap<(i64, &str), f64> = HashMap::new();
+    for batch in [100, 1000] {
+        for dedupe in ["on", "off"] {
+            let b = batch.to_string();
+            let expect = [format!("batch_size={batch} "), format!("dedupe={dedupe} ")];
+            set_and_wait(
+                pg,
+                &[("outbox.batch_size", b.as_str()), ("outbox.dedupe", dedupe)],
+                &[&expect[0], &expect[1]],
+            );
+            let secs: Vec<f64> = (0..REPS).map(|_| drain_seconds(pg, redis, "throughput", BACKLOG)).collect();
+            figures.insert((batch, dedupe), BACKLOG as f64 / median(secs));
+        }
+    }
+
+    // The database-side ceiling needs the relay out of the way.
+    pg.set(&[("outbox.workers", "0")]);
+    pg.restart();
+    let mut client = pg.connect();
+    let mut ceilings: HashMap<i64, f64> = HashMap::new();
+    for batch in [100, 1000] {
+        let secs: Vec<f64> = (0..REPS).map(|_| ceiling_seconds(&mut client, BACKLOG, batch)).collect();
+        ceilings.insert(batch, BACKLOG as f64 / median(secs));
+    }
+    pg.set(&[("outbox.workers", "1")]);
+    pg.restart();
+    pg.wait_for_workers(1);
+
+    for batch in [100, 1000] {
+        let ceiling = ceilings[&batch];
+        for dedupe in ["on", "off"] {
+            let figure = figures[&(batch, dedupe)];
+            let target = if batch == 1000 && dedupe == "on" { ">= 0.75 of the ceiling" } else { "" };
+            report.row(
+                &format!("relay, batch {batch}, dedupe {dedupe}"),
+                format!("{figure:.0} events/s"),
+                format!("{ceiling:.0} events/s (SQL claim+mark, no Redis)"),
+                format!("{:.3}", figure / ceiling),
+                target,
+            );
+        }
+        let on = figures[&(batch, "on")];
+        let off = figures[&(batch, "off")];
+        report.row(
+            &format!("dedupe cost, batch {batch}"),
+            format!("{on:.0} events/s (on)"),
+            format!("{off:.0} events/s (off)"),
+            format!("{:.3}", on / off),
+            ">= 0.75 (within 25%)",
+        );
+    }
+}
+
+fn latency(pg: &Pg, redis: &Redis, report: &mut Report) {
+    println!("3. commit-to-Redis latency (500 events/s for 10 s)");
+    let rate = 500;
+    let seconds = 10;
+    let url = redis.url();
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    let reader = thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let mut seen: HashMap<i64, Instant> = HashMap::new();
+        let mut last = "$".to_string();
+        let _ = ready_tx.send(());
+        while seen.len() < rate * seconds {
+            let reply: Option<Vec<(String, Vec<(String, Vec<String>)>)>> = redis::cmd("XREAD")
+                .arg("BLOCK")
+                .arg(5_000)
+                .arg("STREAMS")
+                .arg("latency")
+                .arg(&last)
+                .query(&mut conn)
+                .unwrap();
+            let now = Instant::now();
+            let Some(streams) = reply else { break };
+            for (_, entries) in streams {
+                for (entry_id, fields) in entries {
+                    let id = fields.chunks(2).find(|kv| kv[0] == "id").map(|kv| kv[1].parse().unwrap()).unwrap();
+                    seen.insert(id, now);
+                    last = entry_id;
+                }
+            }
+        }
+        seen
+    });
+    ready_rx.recv().unwrap();
+    thread::sleep(Duration::from_millis(200));
+    let mut client = pg.connect();
+    client.batch_execute("SET outbox.notify_channel = ''").unwrap();
+    let statement = client.prepare("SELECT outbox_enqueue('latency', '{\"account_id\": 7}')").unwrap();
+    let mut committed: HashMap<i64, Instant> = HashMap::new();
+    let start = Instant::now();
+    for i in 0..rate * seconds {
+        let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            thread::sleep(wait);
+        }
+        let id: i64 = client.query_one(&statement, &[]).unwrap().get(0);
+        committed.insert(id, Instant::now());
+    }
+    let seen = reader.join().unwrap();
+    let mut ms: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, at)| seen.get(id).map(|s| s.saturating_duration_since(*at).as_secs_f64() * 1000.0))
+        .collect();
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let missing = committed.len() - ms.len();
+    report.row(
+        "latency p50, 500 events/s",
+        format!("{:.2} ms", percentile(&ms, 0.5)),
+        "1.4 ms (C peer, NOTIFY-woken)".into(),
+        format!("{:.2}", percentile(&ms, 0.5) / 1.4),
+        "< 1 ms",
+    );
+    report.row(
+        "latency p99, 500 events/s",
+        format!("{:.2} ms", percentile(&ms, 0.99)),
+        "2.7 ms (C peer, NOTIFY-woken)".into(),
+        format!("{:.2}", percentile(&ms, 0.99) / 2.7),
+        "< 3 ms",
+    );
+    report.row(
+        "latency max, 500 events/s",
+        format!("{:.2} ms", ms.last().copied().unwrap_or(f64::NAN)),
+        format!("{} events, {missing} not seen", committed.len()),
+        String::new(),
+        "",
+    );
+}
+
+fn history(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+    println!("4. history independence (batch 1000)");
+    set_and_wait(pg, &[("outbox.batch_size", "1000"), ("outbox.retention", "0")], &["batch_size=1000 ", "retention=off "]);
+    let mut client = pg.connect();
+    client.batch_execute("TRUNCATE outbox; VACUUM ANALYZE outbox").unwrap();
+    let empty = median((0..REPS).map(|_| drain_seconds(pg, redis, "history", BACKLOG)).collect());
+    client
+        .batch_execute(
+            "TRUNCATE outbox; \
+             INSERT INTO outbox (topic, payload, published_at) \
+             SELECT 'old', jsonb_build_object('account_id', g), now() FROM generate_series(1, 1000000) g; \
+             VACUUM ANALYZE outbox",
+        )
+        .unwrap();
+    let full = median((0..REPS).map(|_| drain_seconds(pg, redis, "history", BACKLOG)).collect());
+    let (with, without) = (BACKLOG as f64 / full, BACKLOG as f64 / empty);
+    report.row(
+        "relay with 1M published rows kept",
+        format!("{with:.0} events/s"),
+        format!("{without:.0} events/s (empty table)"),
+        format!("{:.3}", with / without),
+        ">= 0.9",
+    );
+    client.batch_execute("TRUNCATE outbox").unwrap();
+}
+
+fn worker_resources(pg: &Pg, redis: &Redis, report: &mut Report) {
+    println!("5. worker memory and idle CPU");
+    let small = peak_rss_during_drain(pg, redis, BACKLOG / 4);
+    let large = peak_rss_during_drain(pg, redis, BACKLOG);
+    report.row(
+        &format!("worker peak RSS, {BACKLOG}-event drain"),
+        format!("{:.1} MiB", large as f64 / 1024.0),
+        format!("{:.1} MiB ({}-event drain)", small as f64 / 1024.0, BACKLOG / 4),
+        format!("{:.2}", large as f64 / small as f64),
+        "flat in backlog size",
+    );
+    let pid = worker_pid(pg);
+    thread::sleep(Duration::from_secs(1));
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid));
+    thread::sleep(Duration::from_secs(10));
+    // /proc/<pid>/stat counts in clock ticks: USER_HZ, 100 on Linux.
+    let ticks_per_second = 100.0;
+    let cpu = (cpu_ticks(pid) - c0) as f64 / ticks_per_second / t0.elapsed().as_secs_f64() * 100.0;
+    report.row("worker CPU while idle 10 s", format!("{cpu:.2} %"), "poll every 1 s".into(), String::new(), "");
+}
+
+fn main() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let mut pg = Pg::start(&[("outbox.redis_url", url.as_str())]);
+    pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut report = Report { rows: Vec::new() };
+    let started = Instant::now();
+
+    write_cost(&pg, &mut report);
+    relay_throughput(&mut pg, &redis, &mut report);
+    set_and_wait(&mut pg, &[("outbox.batch_size", "100"), ("outbox.dedupe", "on")], &["batch_size=100 ", "dedupe=on "]);
+    latency(&pg, &redis, &mut report);
+    history(&mut pg, &redis, &mut report);
+    worker_resources(&pg, &redis, &mut report);
+
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        .unwrap_or_default();
+    let table = report.markdown();
+    let text = format!(
+        "# Benchmarks\n\nProduced by `make bench` on {} cores ({cpu}), in {:.0} s. Medians of {REPS} runs. \
+         PostgreSQL 15 with fsync off, extension release build, one relay worker, Redis on the same machine. \
+         Ratios compare each figure with the baseline measured in the same run.\n\n{table}",
+        thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        started.elapsed().as_secs_f64()
+    );
+    println!("\n{table}");
+    std::fs::write("BENCHMARKS.md", text).expect("cannot write BENCHMARKS.md");
+    println!("written to BENCHMARKS.md");
+}

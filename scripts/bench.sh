@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Benchmarks on throwaway local servers; prints a Markdown table and writes BENCHMARKS.md.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/lib.sh"
+cd "$here/.."
+
+"$here/setup.sh"
+"$here/install.sh" --release
+say "Running the benchmarks (about 10 minutes; nothing else should load the machine)"
+PG_CONFIG="$PG_CONFIG" cargo run --release --quiet --example bench
