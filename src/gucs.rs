@@ -48,8 +48,17 @@ static DEDUPE: GucSetting<bool> = GucSetting::<bool>::new(true);
 static DEDUPE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 3600);
 
 /// Registers every setting. Called from `_PG_init`, preloaded or not, so that `SET` and `SHOW`
-/// work in any backend that loaded the library.
+/// work in any backend that loaded the library. PostgreSQL allows restart-only settings to be
+/// created only while preloading; without the preload no relay runs, and they are not needed.
 pub fn init() {
+    // SAFETY: a plain read of a postmaster global during library load.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        init_restart_only();
+    }
+    init_reloadable();
+}
+
+fn init_restart_only() {
     GucRegistry::define_string_guc(
         c"outbox.database",
         c"Database the outbox relay workers connect to.",
@@ -68,6 +77,9 @@ pub fn init() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+}
+
+fn init_reloadable() {
     // SAFETY: the check hook is a #[pg_guard] function that only reads its arguments.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(

@@ -314,3 +314,36 @@ fn execute_privilege_is_all_an_application_needs() {
         .get(0);
     assert_eq!(stored, 1);
 }
+
+#[test]
+fn without_the_preload_events_are_written_and_the_log_says_no_relay_runs() {
+    let pg = Pg::start(&[("shared_preload_libraries", "")]);
+    let mut client = pg.with_extension();
+    let id: i64 = client
+        .query_one("SELECT outbox_enqueue('t', '{}')", &[])
+        .unwrap()
+        .get(0);
+    assert!(id > 0);
+    let running: i32 = client
+        .query_one("SELECT workers_running FROM outbox_status", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(running, 0);
+    assert_eq!(
+        client
+            .query("SELECT * FROM outbox_workers", &[])
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_eq!(count(&mut client, "SELECT pending FROM outbox_status"), 1);
+    let log = pg.log();
+    assert!(
+        log.contains("outbox is not in shared_preload_libraries"),
+        "{log}"
+    );
+    assert!(
+        log.contains("HINT:  Add 'outbox' to shared_preload_libraries"),
+        "{log}"
+    );
+}
