@@ -10,12 +10,28 @@ use common::{enqueue_many, wait_until, Pg, Redis};
 
 const BATCH: i64 = 100;
 
-fn marker_keys(redis: &Redis) -> usize {
+/// The marker sets in Redis, with their sizes and remaining lifetimes in seconds.
+fn marker_sets(redis: &Redis) -> Vec<(String, usize, i64)> {
+    let mut conn = redis.conn();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("outbox:dedupe:*")
-        .query(&mut redis.conn())
+        .query(&mut conn)
         .unwrap();
-    keys.len()
+    keys.into_iter()
+        .map(|key| {
+            let members: usize = redis::cmd("ZCARD").arg(&key).query(&mut conn).unwrap();
+            let ttl: i64 = redis::cmd("TTL").arg(&key).query(&mut conn).unwrap();
+            (key, members, ttl)
+        })
+        .collect()
+}
+
+/// Markers held in Redis: event ids across all marker sets.
+fn markers(redis: &Redis) -> usize {
+    marker_sets(redis)
+        .iter()
+        .map(|(_, members, _)| members)
+        .sum()
 }
 
 /// Commits `n` events on `stream` and kills the worker with SIGKILL after it has published the
@@ -145,16 +161,12 @@ fn with_dedupe_on_kills_leave_every_id_in_its_stream_once() {
         ids.len(),
         expected.len()
     );
-    // A kill after a batch committed and before its markers were deleted leaves at most that
-    // batch's markers, each expiring within outbox.dedupe_ttl (1 day by default).
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("outbox:dedupe:*")
-        .query(&mut redis.conn())
-        .unwrap();
-    assert!(keys.len() <= BATCH as usize, "{} markers left", keys.len());
-    for key in &keys {
-        let ttl: i64 = redis::cmd("TTL").arg(key).query(&mut redis.conn()).unwrap();
-        assert!((1..=86_400).contains(&ttl), "{key} expires in {ttl}s");
+    // A kill after a batch committed and before its markers were removed leaves at most that
+    // batch's markers, in a set that expires within outbox.dedupe_ttl (1 day by default).
+    let sets = marker_sets(&redis);
+    assert!(markers(&redis) <= BATCH as usize, "markers left: {sets:?}");
+    for (key, _, ttl) in &sets {
+        assert!((1..=86_400).contains(ttl), "{key} expires in {ttl}s");
     }
 }
 
@@ -193,16 +205,16 @@ fn markers_stay_bounded_by_a_few_batches() {
     for _ in 0..20 {
         enqueue_many(&mut client, "steady", 1_000);
         for _ in 0..5 {
-            most = most.max(marker_keys(&redis));
+            most = most.max(markers(&redis));
             std::thread::sleep(Duration::from_millis(20));
         }
     }
     assert!(wait_until(Duration::from_secs(30), || pg.pending() == 0));
     assert_eq!(redis.xlen("steady"), 20_000);
-    eprintln!("most marker keys seen while relaying 20000 events: {most}");
-    assert!(most <= 3 * 100, "{most} marker keys for batches of 100");
+    eprintln!("most markers seen in Redis while relaying 20000 events: {most}");
+    assert!(most <= 3 * 100, "{most} markers for batches of 100");
     assert!(
-        wait_until(Duration::from_secs(5), || marker_keys(&redis) == 0),
+        wait_until(Duration::from_secs(5), || markers(&redis) == 0),
         "markers left when idle"
     );
 }
@@ -218,18 +230,15 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
     pg.with_extension();
     pg.wait_for_workers(1);
     let ids = kill_between_publish_and_mark(&pg, &redis, "crash", 10, || {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("outbox:dedupe:*")
-            .query(&mut redis.conn())
-            .unwrap();
-        assert_eq!(keys.len(), 10, "one marker per published, unmarked event");
-        for key in &keys {
-            let ttl: i64 = redis::cmd("TTL").arg(key).query(&mut redis.conn()).unwrap();
-            assert!(
-                (3500..=3600).contains(&ttl),
-                "{key} expires in {ttl}s, not outbox.dedupe_ttl"
-            );
-        }
+        let sets = marker_sets(&redis);
+        assert_eq!(sets.len(), 1, "one marker set per stream: {sets:?}");
+        let (key, members, ttl) = &sets[0];
+        assert!(key.ends_with(":crash"), "{key}");
+        assert_eq!(*members, 10, "one marker per published, unmarked event");
+        assert!(
+            (3500..=3600).contains(ttl),
+            "{key} expires in {ttl}s, not outbox.dedupe_ttl"
+        );
     });
     assert_eq!(redis.xlen("crash"), 10);
     assert!(
@@ -242,7 +251,7 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
         "the republished batch added entries"
     );
     assert!(
-        wait_until(Duration::from_secs(5), || marker_keys(&redis) == 0),
+        wait_until(Duration::from_secs(5), || markers(&redis) == 0),
         "markers outlived their batch"
     );
 }

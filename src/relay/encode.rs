@@ -31,9 +31,10 @@ pub fn stream_key(prefix: &str, topic: &str) -> String {
     format!("{prefix}{topic}")
 }
 
-/// The dedupe marker of one event. `namespace` tells apart the databases that share a Redis.
-pub fn marker_key(namespace: &str, id: i64) -> String {
-    format!("outbox:dedupe:{namespace}:{id}")
+/// The sorted set holding the dedupe markers of one stream. `namespace` tells apart the
+/// databases that share a Redis.
+pub fn marker_set(namespace: &str, stream: &str) -> String {
+    format!("outbox:dedupe:{namespace}:{stream}")
 }
 
 /// Groups events by stream key: each group holds positions in `events`, in the order given
@@ -130,7 +131,7 @@ mod tests {
     fn keys_use_prefix_and_namespace() {
         assert_eq!(stream_key("", "a.b"), "a.b");
         assert_eq!(stream_key("app:", "a.b"), "app:a.b");
-        assert_eq!(marker_key("42.5", 9), "outbox:dedupe:42.5:9");
+        assert_eq!(marker_set("42.5", "app:a.b"), "outbox:dedupe:42.5:app:a.b");
     }
 
     #[test]

@@ -6,12 +6,12 @@
 //! any connection-level failure.
 
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use redis::Value;
 
-use super::encode::{group_by_stream, marker_key, Event};
+use super::encode::{group_by_stream, marker_set, Event};
 use crate::redis_url;
 
 const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
@@ -29,20 +29,27 @@ pub struct Target {
     pub marker_namespace: String,
 }
 
+/// Dedupe markers: event ids in one stream's marker set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Markers {
+    pub set: String,
+    pub ids: Vec<i64>,
+}
+
 pub struct Request {
     pub target: Target,
     pub events: Vec<Event>,
-    /// Markers of batches whose transaction has committed: deleted in the same round trip.
-    pub committed_markers: Vec<String>,
+    /// Markers of batches whose transaction has committed: removed in the same round trip.
+    pub committed_markers: Vec<Markers>,
 }
 
 /// What became of a batch.
 pub enum Reply {
-    /// Redis answered: one result per event, in the batch's order, and the marker keys the
-    /// batch left behind (with dedupe on) to delete once the batch is marked.
+    /// Redis answered: one result per event, in the batch's order, and the markers the batch
+    /// left behind (with dedupe on) to remove once the batch is marked.
     Answered {
         results: Vec<Result<(), String>>,
-        markers: Vec<String>,
+        markers: Vec<Markers>,
     },
     /// Redis could not be used at all; nothing may be marked.
     Unavailable(String),
@@ -95,17 +102,20 @@ impl Publisher {
         Publisher { requests, replies }
     }
 
-    /// Publishes a batch, calling `keep_waiting` every `tick` while Redis has not answered; when
-    /// it returns false the wait ends (the thread finishes the call on its own).
-    pub fn publish(
+    /// Hands a batch to the Redis thread and returns at once; [`Publisher::wait`] collects the
+    /// outcome, so that the caller can work in the meantime.
+    pub fn send(&self, request: Request) -> bool {
+        self.requests.send(request).is_ok()
+    }
+
+    /// Waits for the outcome of the batch last sent, calling `keep_waiting` every `tick` while
+    /// Redis has not answered; when it returns false the wait ends (the thread finishes the call
+    /// on its own).
+    pub fn wait(
         &self,
-        request: Request,
         tick: Duration,
         mut keep_waiting: impl FnMut() -> bool,
     ) -> Result<Reply, Interrupted> {
-        if self.requests.send(request).is_err() {
-            return Ok(Reply::Unavailable("the Redis thread has stopped".into()));
-        }
         loop {
             match self.replies.recv_timeout(tick) {
                 Ok(reply) => return Ok(reply),
@@ -183,43 +193,47 @@ fn handle(slot: &mut Option<(Target, redis::Connection)>, request: Request) -> R
 /// How the pipeline's replies map back to events: per command, the batch positions it covers.
 struct Layout {
     commands: Vec<Vec<usize>>,
-    markers: Vec<String>,
+    markers: Vec<Markers>,
 }
 
 fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
     let target = &request.target;
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
-    if !request.committed_markers.is_empty() {
-        pipe.cmd("UNLINK").arg(&request.committed_markers).ignore();
+    for markers in &request.committed_markers {
+        pipe.cmd("ZREM")
+            .arg(&markers.set)
+            .arg(&markers.ids)
+            .ignore();
     }
     let mut layout = Layout {
         commands: Vec::new(),
         markers: Vec::new(),
     };
     if target.dedupe {
-        let ttl = target.dedupe_ttl.as_secs().max(1);
+        let ttl_ms = target.dedupe_ttl.as_millis().max(1) as u64;
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         for (stream, positions) in group_by_stream(&target.stream_prefix, &request.events) {
-            let events: Vec<&Event> = positions.iter().map(|&p| &request.events[p]).collect();
-            let markers: Vec<String> = events
-                .iter()
-                .map(|e| marker_key(&target.marker_namespace, e.id))
-                .collect();
+            let set = marker_set(&target.marker_namespace, &stream);
             let cmd = pipe
                 .cmd("EVAL")
                 .arg(DEDUPE_SCRIPT)
-                .arg(1 + markers.len())
+                .arg(2)
                 .arg(&stream)
-                .arg(&markers)
+                .arg(&set)
                 .arg(target.stream_maxlen)
-                .arg(ttl);
-            for event in &events {
-                for (_, value) in event.fields() {
+                .arg(ttl_ms)
+                .arg(now_ms);
+            for &p in &positions {
+                for (_, value) in request.events[p].fields() {
                     cmd.arg(value);
                 }
             }
+            let ids = positions.iter().map(|&p| request.events[p].id).collect();
+            layout.markers.push(Markers { set, ids });
             layout.commands.push(positions);
-            layout.markers.extend(markers);
         }
     } else {
         for (index, event) in request.events.iter().enumerate() {
