@@ -494,3 +494,27 @@ fn workers_are_named_and_reload_their_settings_on_sighup() {
         pids.len() == 1 && pids[0] != pid
     }));
 }
+
+#[test]
+fn an_extension_in_its_own_schema_is_relayed() {
+    let redis = Redis::start();
+    let pg = relay(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.connect();
+    client
+        .batch_execute("CREATE SCHEMA infra; CREATE EXTENSION outbox SCHEMA infra")
+        .unwrap();
+    let id: i64 = client
+        .query_one("SELECT infra.outbox_enqueue('elsewhere', '{}')", &[])
+        .unwrap()
+        .get(0);
+    assert!(wait_until(Duration::from_secs(10), || redis
+        .xlen("elsewhere")
+        == 1));
+    assert_eq!(redis.ids("elsewhere"), [id]);
+    let pending: i64 = client
+        .query_one("SELECT pending FROM infra.outbox_status", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 0);
+    assert!(pg.log().contains("relaying from schema infra"));
+}

@@ -65,7 +65,8 @@ impl Statements {
             ),
             fail: prepare(
                 &format!(
-                    "UPDATE {s}.outbox o SET attempts = o.attempts + 1, last_error = f.error \
+                    "UPDATE {s}.outbox o \
+                     SET published_at = NULL, attempts = o.attempts + 1, last_error = f.error \
                      FROM unnest($1::bigint[], $2::text[]) AS f(id, error) \
                      WHERE o.id = f.id RETURNING o.id, o.attempts"
                 ),
@@ -127,7 +128,7 @@ impl Statements {
         });
     }
 
-    /// Charges one attempt to each failed event; returns each event's attempts so far.
+    /// Unmarks each failed event and charges it an attempt; returns each event's attempts so far.
     pub fn record_failures(&self, failures: Vec<(i64, String)>) -> Vec<(i64, i32)> {
         let (ids, errors): (Vec<i64>, Vec<String>) = failures.into_iter().unzip();
         Spi::connect_mut(|client| {

@@ -1,8 +1,10 @@
 //! The relay: `outbox.workers` background workers, each looping claim → publish → mark in one
 //! transaction, woken at commit and polling as a safety net.
 //!
-//! Publishing precedes marking, so a crash between them publishes the batch again instead of
-//! losing it (and with `outbox.dedupe` the markers in Redis absorb the repeat). Failures are
+//! The mark is written while Redis works on the batch, but the transaction commits only once
+//! Redis has answered, and rolls back if it could not be reached: a mark never outlives a
+//! failed publish. A crash before the commit publishes the batch again instead of losing it
+//! (and with `outbox.dedupe` the markers in Redis absorb the repeat). Failures are
 //! logged when the worker's situation changes (Redis lost, Redis back, an event rejected,
 //! an event buried), never once per retry.
 
@@ -26,12 +28,19 @@ use crate::shmem::{self, Shared, WorkerSlot, WorkerState};
 use crate::{gucs, redis_url};
 use backoff::Backoff;
 use claim::Statements;
-use publish::{Interrupted, Publisher, Reply, Request, Target};
+use publish::{Interrupted, Markers, Publisher, Reply, Request, Target};
 
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
 /// Least time between two pruning rounds, across all workers.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// Least time between the starts of two passes woken by commits while events trickle in: under
+/// a steady stream of small transactions this gathers a few commits per batch instead of paying
+/// a transaction and a Redis round trip per commit, and costs a trickle no latency (its commits
+/// are further apart than this).
+const MIN_PASS_SPACING: Duration = Duration::from_millis(1);
+/// How long the worker trusts its last look-up of the extension while it is relaying.
+const EXTENSION_RECHECK: Duration = Duration::from_secs(1);
 /// Restart delay after a worker exits with an error (or is terminated).
 const RESTART_AFTER: Duration = Duration::from_secs(1);
 
@@ -141,20 +150,31 @@ fn now() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
-/// Runs `body` in a transaction of its own, then reports statistics so autovacuum sees the
-/// relay's updates and deletes while the worker lives.
-fn in_transaction<R>(body: impl FnOnce() -> R) -> R {
+/// How a transaction ends.
+#[derive(PartialEq, Eq)]
+enum End {
+    Commit,
+    Rollback,
+}
+
+/// Runs `body` in a transaction of its own, ended as `body` says, then reports statistics so
+/// autovacuum sees the relay's updates and deletes while the worker lives.
+fn in_transaction<R>(body: impl FnOnce() -> (R, End)) -> R {
     // SAFETY: the standard transaction bracket of a background worker, outside any transaction.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
-    let result = body();
+    let (result, end) = body();
     // SAFETY: closes the bracket opened above.
     unsafe {
         pg_sys::PopActiveSnapshot();
-        pg_sys::CommitTransactionCommand();
+        if end == End::Commit {
+            pg_sys::CommitTransactionCommand();
+        } else {
+            pg_sys::AbortCurrentTransaction();
+        }
         pg_sys::pgstat_report_stat(false);
     }
     result
@@ -176,7 +196,8 @@ enum Pass {
 struct Batch {
     pass: Pass,
     published: u64,
-    markers: Vec<String>,
+    markers: Vec<Markers>,
+    end: End,
 }
 
 struct Relay {
@@ -190,13 +211,18 @@ struct Relay {
     max_attempts: i32,
     retention: Option<Duration>,
     statements: Option<Statements>,
+    /// When the extension was last looked up in the catalog.
+    extension_checked_at: Instant,
     schema: String,
     state: WorkerState,
+    /// When the last pass began, and whether it published anything.
+    last_pass_started: Instant,
+    last_pass_published: bool,
     backoff: Backoff,
     /// Events Redis rejected, with the time before which they are not claimed again.
     retry_after: HashMap<i64, Instant>,
-    /// Markers of committed batches, deleted on the next round trip to Redis.
-    committed_markers: Vec<String>,
+    /// Markers of committed batches, removed on the next round trip to Redis.
+    committed_markers: Vec<Markers>,
 }
 
 impl Relay {
@@ -228,8 +254,11 @@ impl Relay {
             max_attempts: 1,
             retention: None,
             statements: None,
+            extension_checked_at: Instant::now(),
             schema: String::new(),
             state: WorkerState::Starting,
+            last_pass_started: Instant::now(),
+            last_pass_published: false,
             backoff: Backoff::default(),
             retry_after: HashMap::new(),
             committed_markers: Vec::new(),
@@ -323,7 +352,15 @@ impl Relay {
             self.prune_if_due();
             match pass {
                 Pass::Full => {}
-                Pass::Drained | Pass::NoExtension => wait_latch(self.next_wait()),
+                Pass::Drained | Pass::NoExtension => {
+                    wait_latch(self.next_wait());
+                    if self.last_pass_published {
+                        let since = self.last_pass_started.elapsed();
+                        if since < MIN_PASS_SPACING {
+                            std::thread::sleep(MIN_PASS_SPACING - since);
+                        }
+                    }
+                }
                 Pass::RedisDown(delay) => self.sleep(delay),
             }
         }
@@ -397,7 +434,13 @@ impl Relay {
             self.set_state(WorkerState::Standby);
             return Pass::NoExtension;
         }
-        let batch = in_transaction(|| self.relay_batch());
+        self.last_pass_started = Instant::now();
+        let batch = in_transaction(|| {
+            let mut batch = self.relay_batch();
+            let end = std::mem::replace(&mut batch.end, End::Commit);
+            (batch, end)
+        });
+        self.last_pass_published = batch.published > 0;
         if batch.published > 0 {
             let at = now();
             self.slot.record_batch(batch.published, at);
@@ -405,7 +448,8 @@ impl Relay {
                 .last_published_at
                 .fetch_max(at, std::sync::atomic::Ordering::Relaxed);
         }
-        // The batch is committed: its markers have done their job.
+        // The batch is committed (or, if Redis failed, has no markers): its markers have done
+        // their job.
         self.committed_markers.extend(batch.markers);
         match batch.pass {
             Pass::NoExtension => self.set_state(WorkerState::WaitingForExtension),
@@ -417,7 +461,13 @@ impl Relay {
     }
 
     /// Finds the extension, preparing its statements when it is new; `None` if it is missing.
+    /// While relaying, the catalog is consulted at most once a second: should the extension be
+    /// dropped in between, the next statement fails and the worker restarts into waiting.
     fn statements(&mut self) -> Option<&Statements> {
+        if self.statements.is_some() && self.extension_checked_at.elapsed() < EXTENSION_RECHECK {
+            return self.statements.as_ref();
+        }
+        self.extension_checked_at = Instant::now();
         // SAFETY: a catalog lookup inside the current transaction.
         let oid = unsafe { pg_sys::get_extension_oid(c"outbox".as_ptr(), true) };
         if oid == pg_sys::InvalidOid {
@@ -432,12 +482,13 @@ impl Relay {
         self.statements.as_ref()
     }
 
-    /// One claim → publish → mark, inside the caller's transaction.
+    /// One claim → publish → mark inside the caller's transaction; says how to end it.
     fn relay_batch(&mut self) -> Batch {
         let nothing = |pass| Batch {
             pass,
             published: 0,
             markers: Vec::new(),
+            end: End::Commit,
         };
         if self.statements().is_none() {
             return nothing(Pass::NoExtension);
@@ -453,9 +504,6 @@ impl Relay {
             return nothing(Pass::Drained);
         }
         let claimed = events.len();
-        if claimed > 0 {
-            self.set_state(WorkerState::Publishing);
-        }
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
         let topics: Vec<String> = events.iter().map(|e| e.topic.clone()).collect();
         let request = Request {
@@ -464,7 +512,15 @@ impl Relay {
             committed_markers: std::mem::take(&mut self.committed_markers),
         };
         let markers_sent = request.committed_markers.clone();
-        let reply = match self.publisher.publish(request, SIGNAL_TICK, || {
+        if !self.publisher.send(request) {
+            self.exit();
+        }
+        if claimed > 0 {
+            // Written while Redis works; undone by the rollback if Redis fails.
+            statements.mark_published(ids.clone());
+            self.set_state(WorkerState::Publishing);
+        }
+        let reply = match self.publisher.wait(SIGNAL_TICK, || {
             exit_if_postmaster_died();
             !shutdown_requested()
         }) {
@@ -483,7 +539,10 @@ impl Relay {
                     );
                 }
                 self.slot.set_error(Some(&error), now());
-                nothing(Pass::RedisDown(self.backoff.next_delay()))
+                Batch {
+                    end: End::Rollback,
+                    ..nothing(Pass::RedisDown(self.backoff.next_delay()))
+                }
             }
             Reply::Answered { results, markers } => {
                 if self.backoff.reset() {
@@ -494,21 +553,15 @@ impl Relay {
                     );
                     self.slot.set_error(None, now());
                 }
-                let mut published = Vec::with_capacity(claimed);
-                let mut failures = Vec::new();
-                for ((id, topic), result) in ids.into_iter().zip(&topics).zip(results) {
-                    match result {
-                        Ok(()) => published.push(id),
-                        Err(error) => failures.push((id, topic.clone(), error)),
-                    }
-                }
-                let count = published.len() as u64;
-                let Some(statements) = self.statements.as_ref() else {
-                    return nothing(Pass::NoExtension);
-                };
-                if !published.is_empty() {
-                    statements.mark_published(published);
-                }
+                let failures: Vec<(i64, String, String)> = ids
+                    .into_iter()
+                    .zip(topics)
+                    .zip(results)
+                    .filter_map(|((id, topic), result)| {
+                        result.err().map(|error| (id, topic, error))
+                    })
+                    .collect();
+                let published = (claimed - failures.len()) as u64;
                 if !failures.is_empty() {
                     self.charge_failures(failures);
                 }
@@ -519,14 +572,16 @@ impl Relay {
                 };
                 Batch {
                     pass,
-                    published: count,
+                    published,
                     markers,
+                    end: End::Commit,
                 }
             }
         }
     }
 
-    /// Charges an attempt to each event Redis rejected; buries those out of attempts.
+    /// Takes the mark back from each event Redis rejected and charges it an attempt; buries
+    /// those out of attempts.
     fn charge_failures(&mut self, failures: Vec<(i64, String, String)>) {
         let Some(statements) = self.statements.as_ref() else {
             return;
@@ -601,7 +656,7 @@ impl Relay {
             return;
         }
         let schema = self.schema.clone();
-        let Some((low, high)) = in_transaction(|| prune::id_span(&schema)) else {
+        let Some((low, high)) = in_transaction(|| (prune::id_span(&schema), End::Commit)) else {
             return;
         };
         let mut from = low;
@@ -611,7 +666,7 @@ impl Relay {
                 break;
             }
             let (gone, reached_recent) =
-                in_transaction(|| prune::prune_range(&schema, from, retention));
+                in_transaction(|| (prune::prune_range(&schema, from, retention), End::Commit));
             deleted += gone;
             if reached_recent {
                 break;
