@@ -361,6 +361,9 @@ fn relay_throughput(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     }
 }
 
+/// XREAD's answer: per stream, its entries as (entry id, flat field/value list).
+type XreadReply = Vec<(String, Vec<(String, Vec<String>)>)>;
+
 fn latency(pg: &Pg, redis: &Redis, report: &mut Report) {
     println!("3. commit-to-Redis latency (500 events/s for 10 s)");
     let rate = 500;
@@ -373,7 +376,7 @@ fn latency(pg: &Pg, redis: &Redis, report: &mut Report) {
         let mut last = "$".to_string();
         let _ = ready_tx.send(());
         while seen.len() < rate * seconds {
-            let reply: Option<Vec<(String, Vec<(String, Vec<String>)>)>> = redis::cmd("XREAD")
+            let reply: Option<XreadReply> = redis::cmd("XREAD")
                 .arg("BLOCK")
                 .arg(5_000)
                 .arg("STREAMS")

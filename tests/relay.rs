@@ -518,3 +518,59 @@ fn an_extension_in_its_own_schema_is_relayed() {
     assert_eq!(pending, 0);
     assert!(pg.log().contains("relaying from schema infra"));
 }
+
+#[test]
+fn large_batches_go_out_in_chunks_around_a_poison_event() {
+    let redis = Redis::start();
+    let pg = relay(
+        &redis,
+        &[
+            ("outbox.batch_size", "1000"),
+            ("outbox.max_attempts", "100"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    redis::cmd("HSET")
+        .arg("bad")
+        .arg("f")
+        .arg("v")
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
+    // 3000 events in one transaction; the one in the middle of the second chunk goes to a
+    // stream key that holds a hash.
+    let ids: Vec<(i64, String)> = client
+        .query(
+            "SELECT outbox_enqueue(CASE WHEN g = 1400 THEN 'bad' ELSE 'good' END, jsonb_build_object('n', g)), \
+                    CASE WHEN g = 1400 THEN 'bad' ELSE 'good' END \
+             FROM generate_series(1, 3000) g",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let good: Vec<i64> = ids
+        .iter()
+        .filter(|(_, t)| t == "good")
+        .map(|(id, _)| *id)
+        .collect();
+    let bad = ids.iter().find(|(_, t)| t == "bad").unwrap().0;
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("good") == 2999),
+        "good events held up"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(redis.ids("good"), good, "each good event once, in id order");
+    let row = client
+        .query_one(
+            "SELECT published_at IS NULL, attempts >= 1 FROM outbox WHERE id = $1",
+            &[&bad],
+        )
+        .unwrap();
+    assert!(
+        row.get::<_, bool>(0) && row.get::<_, bool>(1),
+        "the poison event is pending with an attempt charged"
+    );
+    assert_eq!(pg.pending(), 1);
+}

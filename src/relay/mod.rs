@@ -44,6 +44,16 @@ const EXTENSION_RECHECK: Duration = Duration::from_secs(1);
 /// Restart delay after a worker exits with an error (or is terminated).
 const RESTART_AFTER: Duration = Duration::from_secs(1);
 
+/// Events per chunk of a batch: a large batch goes out in four chunks so that the database's
+/// work on one overlaps Redis's work on another; a small one goes out whole.
+fn chunk_size(batch_size: usize) -> usize {
+    if batch_size >= 400 {
+        batch_size.div_ceil(4)
+    } else {
+        batch_size.max(1)
+    }
+}
+
 /// Registers the relay workers; called from `_PG_init` while preloading.
 pub fn register_workers() {
     for slot in 0..gucs::workers() {
@@ -482,7 +492,9 @@ impl Relay {
         self.statements.as_ref()
     }
 
-    /// One claim → publish → mark inside the caller's transaction; says how to end it.
+    /// One batch inside the caller's transaction; says how to end it. A large batch goes out in
+    /// chunks: while Redis works on one chunk, the next is marked and claimed, so the database
+    /// and Redis work side by side. The transaction commits once every chunk is answered.
     fn relay_batch(&mut self) -> Batch {
         let nothing = |pass| Batch {
             pass,
@@ -495,89 +507,108 @@ impl Relay {
         }
         let now_instant = Instant::now();
         self.retry_after.retain(|_, at| *at > now_instant);
-        let not_yet: Vec<i64> = self.retry_after.keys().copied().collect();
+        let mut not_yet: Vec<i64> = self.retry_after.keys().copied().collect();
+        let chunk = chunk_size(self.batch_size);
         let Some(statements) = self.statements.as_ref() else {
             return nothing(Pass::NoExtension);
         };
-        let events = statements.claim(self.batch_size, &not_yet);
-        if events.is_empty() && self.committed_markers.is_empty() {
+        let mut next = statements.claim(chunk, &not_yet);
+        if next.is_empty() && self.committed_markers.is_empty() {
             return nothing(Pass::Drained);
         }
-        let claimed = events.len();
-        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-        let topics: Vec<String> = events.iter().map(|e| e.topic.clone()).collect();
-        let request = Request {
-            target: self.target.clone(),
-            events,
-            committed_markers: std::mem::take(&mut self.committed_markers),
+        let markers_sent = self.committed_markers.clone();
+        let mut cleanup = std::mem::take(&mut self.committed_markers);
+        let mut claimed = 0;
+        let mut batch = Batch {
+            pass: Pass::Drained,
+            published: 0,
+            markers: Vec::new(),
+            end: End::Commit,
         };
-        let markers_sent = request.committed_markers.clone();
-        if !self.publisher.send(request) {
-            self.exit();
-        }
-        if claimed > 0 {
-            // Written while Redis works; undone by the rollback if Redis fails.
-            statements.mark_published(ids.clone());
-            self.set_state(WorkerState::Publishing);
-        }
-        let reply = match self.publisher.wait(SIGNAL_TICK, || {
-            exit_if_postmaster_died();
-            !shutdown_requested()
-        }) {
-            Ok(reply) => reply,
-            Err(Interrupted::Stopped) => self.exit(),
-        };
-        match reply {
-            Reply::Unavailable(error) => {
-                self.committed_markers = markers_sent;
-                if !self.backoff.is_failing() {
-                    warning!(
-                        "outbox relay {}: lost Redis at {}: {error}; retrying with backoff up to {}s",
-                        self.index,
-                        redis_url::mask(&self.target.url),
-                        backoff::CAP.as_secs()
-                    );
+        loop {
+            let size = next.len();
+            claimed += size;
+            let ids: Vec<i64> = next.iter().map(|e| e.id).collect();
+            let topics: Vec<String> = next.iter().map(|e| e.topic.clone()).collect();
+            let request = Request {
+                target: self.target.clone(),
+                events: next,
+                committed_markers: std::mem::take(&mut cleanup),
+            };
+            if !self.publisher.send(request) {
+                self.exit();
+            }
+            let Some(statements) = self.statements.as_ref() else {
+                return nothing(Pass::NoExtension);
+            };
+            let mut following = Vec::new();
+            if size > 0 {
+                // Written while Redis works; undone by the rollback if Redis fails.
+                statements.mark_published(ids.clone());
+                if size == chunk && claimed < self.batch_size {
+                    following = statements.claim(chunk.min(self.batch_size - claimed), &not_yet);
                 }
-                self.slot.set_error(Some(&error), now());
-                Batch {
-                    end: End::Rollback,
-                    ..nothing(Pass::RedisDown(self.backoff.next_delay()))
+                self.set_state(WorkerState::Publishing);
+            }
+            let reply = match self.publisher.wait(SIGNAL_TICK, || {
+                exit_if_postmaster_died();
+                !shutdown_requested()
+            }) {
+                Ok(reply) => reply,
+                Err(Interrupted::Stopped) => self.exit(),
+            };
+            match reply {
+                Reply::Unavailable(error) => {
+                    self.committed_markers = markers_sent;
+                    if !self.backoff.is_failing() {
+                        warning!(
+                            "outbox relay {}: lost Redis at {}: {error}; retrying with backoff up to {}s",
+                            self.index,
+                            redis_url::mask(&self.target.url),
+                            backoff::CAP.as_secs()
+                        );
+                    }
+                    self.slot.set_error(Some(&error), now());
+                    return Batch {
+                        end: End::Rollback,
+                        ..nothing(Pass::RedisDown(self.backoff.next_delay()))
+                    };
+                }
+                Reply::Answered { results, markers } => {
+                    if self.backoff.reset() {
+                        log!(
+                            "outbox relay {}: Redis at {} is reachable again",
+                            self.index,
+                            redis_url::mask(&self.target.url)
+                        );
+                        self.slot.set_error(None, now());
+                    }
+                    let failures: Vec<(i64, String, String)> = ids
+                        .into_iter()
+                        .zip(topics)
+                        .zip(results)
+                        .filter_map(|((id, topic), result)| {
+                            result.err().map(|error| (id, topic, error))
+                        })
+                        .collect();
+                    batch.published += (size - failures.len()) as u64;
+                    batch.markers.extend(markers);
+                    if !failures.is_empty() {
+                        // Unmarked again, so the claims left in this transaction must skip them.
+                        not_yet.extend(failures.iter().map(|(id, _, _)| *id));
+                        self.charge_failures(failures);
+                    }
                 }
             }
-            Reply::Answered { results, markers } => {
-                if self.backoff.reset() {
-                    log!(
-                        "outbox relay {}: Redis at {} is reachable again",
-                        self.index,
-                        redis_url::mask(&self.target.url)
-                    );
-                    self.slot.set_error(None, now());
-                }
-                let failures: Vec<(i64, String, String)> = ids
-                    .into_iter()
-                    .zip(topics)
-                    .zip(results)
-                    .filter_map(|((id, topic), result)| {
-                        result.err().map(|error| (id, topic, error))
-                    })
-                    .collect();
-                let published = (claimed - failures.len()) as u64;
-                if !failures.is_empty() {
-                    self.charge_failures(failures);
-                }
-                let pass = if claimed == self.batch_size {
-                    Pass::Full
-                } else {
-                    Pass::Drained
-                };
-                Batch {
-                    pass,
-                    published,
-                    markers,
-                    end: End::Commit,
-                }
+            if following.is_empty() {
+                break;
             }
+            next = following;
         }
+        if claimed == self.batch_size {
+            batch.pass = Pass::Full;
+        }
+        batch
     }
 
     /// Takes the mark back from each event Redis rejected and charges it an attempt; buries
@@ -679,5 +710,21 @@ impl Relay {
                 self.index
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_size;
+
+    #[test]
+    fn large_batches_go_out_in_four_chunks() {
+        assert_eq!(chunk_size(1), 1);
+        assert_eq!(chunk_size(100), 100);
+        assert_eq!(chunk_size(399), 399);
+        assert_eq!(chunk_size(400), 100);
+        assert_eq!(chunk_size(1000), 250);
+        assert_eq!(chunk_size(1001), 251);
+        assert_eq!(chunk_size(10_000), 2500);
     }
 }
