@@ -44,14 +44,11 @@ const EXTENSION_RECHECK: Duration = Duration::from_secs(1);
 /// Restart delay after a worker exits with an error (or is terminated).
 const RESTART_AFTER: Duration = Duration::from_secs(1);
 
-/// Events per chunk of a batch: a large batch goes out in four chunks so that the database's
-/// work on one overlaps Redis's work on another; a small one goes out whole.
+/// Events per chunk of a batch: a batch goes out in up to four chunks of at least 50 events, so
+/// that the database's work on one chunk overlaps Redis's work on another; a small batch goes
+/// out whole.
 fn chunk_size(batch_size: usize) -> usize {
-    if batch_size >= 400 {
-        batch_size.div_ceil(4)
-    } else {
-        batch_size.max(1)
-    }
+    batch_size.div_ceil(4).max(50).min(batch_size.max(1))
 }
 
 /// Registers the relay workers; called from `_PG_init` while preloading.
@@ -718,10 +715,12 @@ mod tests {
     use super::chunk_size;
 
     #[test]
-    fn large_batches_go_out_in_four_chunks() {
+    fn batches_go_out_in_up_to_four_chunks_of_fifty_or_more() {
         assert_eq!(chunk_size(1), 1);
-        assert_eq!(chunk_size(100), 100);
-        assert_eq!(chunk_size(399), 399);
+        assert_eq!(chunk_size(50), 50);
+        assert_eq!(chunk_size(99), 50);
+        assert_eq!(chunk_size(100), 50);
+        assert_eq!(chunk_size(199), 50);
         assert_eq!(chunk_size(400), 100);
         assert_eq!(chunk_size(1000), 250);
         assert_eq!(chunk_size(1001), 251);

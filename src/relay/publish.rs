@@ -16,6 +16,12 @@ use crate::redis_url;
 
 const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
 
+/// The script's SHA1, by which batches call it (`EVALSHA`) once a connection has loaded it.
+fn dedupe_script_sha() -> &'static str {
+    static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SHA.get_or_init(|| redis::Script::new(DEDUPE_SCRIPT).get_hash().to_string())
+}
+
 /// Where and how to publish: a snapshot of the settings, taken by the main thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -153,6 +159,14 @@ fn connect(target: &Target) -> Result<redis::Connection, String> {
     connection
         .set_write_timeout(Some(target.timeout))
         .map_err(|e| e.to_string())?;
+    let mut connection = connection;
+    // Loaded on every new connection: a restarted or flushed Redis has forgotten it, and a
+    // NOSCRIPT reply counts as a lost connection.
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(DEDUPE_SCRIPT)
+        .query::<String>(&mut connection)
+        .map_err(|e| e.to_string())?;
     Ok(connection)
 }
 
@@ -218,8 +232,8 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
         for (stream, positions) in group_by_stream(&target.stream_prefix, &request.events) {
             let set = marker_set(&target.marker_namespace, &stream);
             let cmd = pipe
-                .cmd("EVAL")
-                .arg(DEDUPE_SCRIPT)
+                .cmd("EVALSHA")
+                .arg(dedupe_script_sha())
                 .arg(2)
                 .arg(&stream)
                 .arg(&set)
