@@ -8,13 +8,6 @@ use std::time::Duration;
 
 use common::{enqueue_many, wait_until, Client, Pg, Redis};
 
-fn relay(redis: &Redis, extra: &[(&str, &str)]) -> Pg {
-    let url = redis.url();
-    let mut settings = vec![("outbox.redis_url", url.as_str())];
-    settings.extend_from_slice(extra);
-    Pg::start(&settings)
-}
-
 fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
     client.query_one(sql, &[]).unwrap().get(0)
 }
@@ -31,7 +24,7 @@ fn poison(redis: &Redis, key: &str) {
 #[test]
 fn pruning_keeps_pending_rows_and_the_table_flat() {
     let redis = Redis::start();
-    let mut pg = relay(
+    let mut pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.retention", "1s"),
@@ -99,7 +92,7 @@ fn pruning_keeps_pending_rows_and_the_table_flat() {
 #[test]
 fn a_poison_event_is_buried_after_max_attempts_and_redriven() {
     let redis = Redis::start();
-    let pg = relay(
+    let pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.max_attempts", "3"),
@@ -209,7 +202,7 @@ fn a_poison_event_is_buried_after_max_attempts_and_redriven() {
 #[test]
 fn status_views_follow_a_backlog_and_an_outage() {
     let mut redis = Redis::start();
-    let pg = relay(
+    let pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.poll_interval", "100ms"),
@@ -276,7 +269,7 @@ fn status_views_follow_a_backlog_and_an_outage() {
 #[test]
 fn status_views_never_scan_a_million_rows_of_history() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.retention", "0")]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.retention", "0")]);
     let mut client = pg.with_extension();
     client
         .batch_execute(
@@ -424,7 +417,7 @@ fn the_redis_password_stays_secret() {
 #[test]
 fn a_monitoring_role_needs_only_select_on_the_views() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[]);
+    let pg = Pg::relaying_to(&redis, &[]);
     let mut admin = pg.with_extension();
     admin
         .batch_execute("CREATE ROLE monitoring LOGIN; GRANT SELECT ON outbox_status, outbox_workers TO monitoring")

@@ -8,13 +8,6 @@ use std::time::{Duration, Instant};
 
 use common::{enqueue_many, wait_until, Pg, Redis};
 
-fn relay(redis: &Redis, extra: &[(&str, &str)]) -> Pg {
-    let url = redis.url();
-    let mut settings = vec![("outbox.redis_url", url.as_str())];
-    settings.extend_from_slice(extra);
-    Pg::start(&settings)
-}
-
 fn count_ids(ids: &[i64]) -> HashMap<i64, usize> {
     let mut counts = HashMap::new();
     for id in ids {
@@ -26,7 +19,7 @@ fn count_ids(ids: &[i64]) -> HashMap<i64, usize> {
 #[test]
 fn a_committed_event_reaches_its_stream_long_before_the_poll() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.poll_interval", "10s")]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "10s")]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     // Let the worker finish its first pass and go to sleep on its 10 s poll.
@@ -89,7 +82,7 @@ fn a_committed_event_reaches_its_stream_long_before_the_poll() {
 #[test]
 fn prefix_and_maxlen_shape_the_stream() {
     let redis = Redis::start();
-    let pg = relay(
+    let pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.stream_prefix", "app:"),
@@ -117,7 +110,7 @@ fn prefix_and_maxlen_shape_the_stream() {
 #[test]
 fn four_workers_share_a_backlog_without_double_publishing() {
     let redis = Redis::start();
-    let pg = relay(
+    let pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.workers", "4"),
@@ -167,7 +160,7 @@ fn four_workers_share_a_backlog_without_double_publishing() {
 fn killing_a_worker_mid_drain_loses_nothing() {
     let redis = Redis::start();
     let batch = 100;
-    let pg = relay(
+    let pg = Pg::relaying_to(
         &redis,
         &[("outbox.batch_size", "100"), ("outbox.dedupe", "off")],
     );
@@ -228,7 +221,7 @@ fn killing_a_worker_mid_drain_loses_nothing() {
 #[test]
 fn a_redis_outage_delays_events_and_logs_a_handful_of_lines() {
     let mut redis = Redis::start();
-    let pg = relay(
+    let pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.poll_interval", "100ms"),
@@ -301,7 +294,7 @@ fn a_redis_outage_delays_events_and_logs_a_handful_of_lines() {
 #[test]
 fn a_plain_insert_is_published_by_the_poll() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.poll_interval", "1s")]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "1s")]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     std::thread::sleep(Duration::from_millis(300));
@@ -319,7 +312,7 @@ fn a_plain_insert_is_published_by_the_poll() {
 #[test]
 fn a_poison_event_does_not_stop_the_events_behind_it() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.max_attempts", "100")]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.max_attempts", "100")]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     // A stream key that holds a hash: XADD to it fails with WRONGTYPE.
@@ -371,7 +364,7 @@ fn a_poison_event_does_not_stop_the_events_behind_it() {
 #[test]
 fn fast_shutdown_is_quick_while_redis_hangs() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.redis_timeout", "60s")]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.redis_timeout", "60s")]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     redis.pause();
@@ -439,7 +432,7 @@ fn a_standby_waits_and_publishes_after_promotion() {
 #[test]
 fn the_worker_waits_for_create_extension_then_relays_without_restart() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.poll_interval", "100ms")]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
     pg.wait_for_workers(1);
     let pid_before = pg.worker_pids();
     assert!(wait_until(Duration::from_secs(10), || pg
@@ -458,7 +451,7 @@ fn the_worker_waits_for_create_extension_then_relays_without_restart() {
 #[test]
 fn workers_are_named_and_reload_their_settings_on_sighup() {
     let redis = Redis::start();
-    let mut pg = relay(&redis, &[]);
+    let mut pg = Pg::relaying_to(&redis, &[]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     let row = client
@@ -498,7 +491,7 @@ fn workers_are_named_and_reload_their_settings_on_sighup() {
 #[test]
 fn an_extension_in_its_own_schema_is_relayed() {
     let redis = Redis::start();
-    let pg = relay(&redis, &[("outbox.poll_interval", "100ms")]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
     let mut client = pg.connect();
     client
         .batch_execute("CREATE SCHEMA infra; CREATE EXTENSION outbox SCHEMA infra")
@@ -522,7 +515,7 @@ fn an_extension_in_its_own_schema_is_relayed() {
 #[test]
 fn large_batches_go_out_in_chunks_around_a_poison_event() {
     let redis = Redis::start();
-    let pg = relay(
+    let pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.batch_size", "1000"),

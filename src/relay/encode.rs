@@ -1,4 +1,4 @@
-//! What an event looks like on its way to Redis: stream keys, entry fields, marker keys and the
+//! What an event looks like on its way to Redis: stream keys, entry fields, marker sets and the
 //! RFC 3339 timestamp. Pure functions, unit-tested without a server.
 
 use std::collections::HashMap;

@@ -34,11 +34,6 @@ use publish::{Interrupted, Markers, Publisher, Reply, Request, Target};
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
 /// Least time between two pruning rounds, across all workers.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
-/// Least time between the starts of two passes woken by commits while events trickle in: under
-/// a steady stream of small transactions this gathers a few commits per batch instead of paying
-/// a transaction and a Redis round trip per commit, and costs a trickle no latency (its commits
-/// are further apart than this).
-const MIN_PASS_SPACING: Duration = Duration::from_millis(1);
 /// How long the worker trusts its last look-up of the extension while it is relaying.
 const EXTENSION_RECHECK: Duration = Duration::from_secs(1);
 /// Restart delay after a worker exits with an error (or is terminated).
@@ -222,9 +217,9 @@ struct Relay {
     extension_checked_at: Instant,
     schema: String,
     state: WorkerState,
-    /// When the last pass began, and whether it published anything.
+    /// When the last pass began, and how many events it published.
     last_pass_started: Instant,
-    last_pass_published: bool,
+    last_pass_published: u64,
     backoff: Backoff,
     /// Events Redis rejected, with the time before which they are not claimed again.
     retry_after: HashMap<i64, Instant>,
@@ -265,7 +260,7 @@ impl Relay {
             schema: String::new(),
             state: WorkerState::Starting,
             last_pass_started: Instant::now(),
-            last_pass_published: false,
+            last_pass_published: 0,
             backoff: Backoff::default(),
             retry_after: HashMap::new(),
             committed_markers: Vec::new(),
@@ -361,11 +356,10 @@ impl Relay {
                 Pass::Full => {}
                 Pass::Drained | Pass::NoExtension => {
                     wait_latch(self.next_wait());
-                    if self.last_pass_published {
-                        let since = self.last_pass_started.elapsed();
-                        if since < MIN_PASS_SPACING {
-                            std::thread::sleep(MIN_PASS_SPACING - since);
-                        }
+                    let spacing = backoff::pass_spacing(self.last_pass_published);
+                    let since = self.last_pass_started.elapsed();
+                    if since < spacing {
+                        std::thread::sleep(spacing - since);
                     }
                 }
                 Pass::RedisDown(delay) => self.sleep(delay),
@@ -447,7 +441,7 @@ impl Relay {
             let end = std::mem::replace(&mut batch.end, End::Commit);
             (batch, end)
         });
-        self.last_pass_published = batch.published > 0;
+        self.last_pass_published = batch.published;
         if batch.published > 0 {
             let at = now();
             self.slot.record_batch(batch.published, at);

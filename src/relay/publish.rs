@@ -1,4 +1,4 @@
-//! Redis: a thread of its own that publishes one batch per round trip.
+//! Redis: a thread of its own that publishes one chunk of a batch per round trip.
 //!
 //! The worker's main thread, the only one that calls PostgreSQL, hands a batch over a channel
 //! and waits for the reply while it keeps watching for SIGTERM and postmaster death, so a Redis
@@ -31,7 +31,7 @@ pub struct Target {
     pub stream_maxlen: u64,
     pub dedupe: bool,
     pub dedupe_ttl: Duration,
-    /// Tells apart databases sharing a Redis in marker keys.
+    /// Tells apart databases sharing a Redis in marker set keys.
     pub marker_namespace: String,
 }
 

@@ -271,6 +271,14 @@ impl Pg {
         Pg::start_in(dir, settings)
     }
 
+    /// A cluster whose relay publishes to `redis`, with `extra` settings.
+    pub fn relaying_to(redis: &Redis, extra: &[(&str, &str)]) -> Pg {
+        let url = redis.url();
+        let mut settings = vec![("outbox.redis_url", url.as_str())];
+        settings.extend_from_slice(extra);
+        Pg::start(&settings)
+    }
+
     fn start_in(dir: PathBuf, settings: &[(&str, &str)]) -> Pg {
         give_to_postgres(&dir);
         let pg = Pg {
