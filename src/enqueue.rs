@@ -1,11 +1,14 @@
 //! The write path: `outbox_enqueue(topic, payload)` and its input checks.
 //!
-//! The function is declared in `sql/outbox.sql` (SECURITY DEFINER, pinned `search_path`), so a
-//! role needs only `EXECUTE` on it, never a privilege on the table. The insert runs through a
-//! plan prepared once per backend; the jsonb argument is taken as a raw datum so it is never
-//! converted to a Rust value.
+//! The function is declared in `sql/outbox.sql` as SECURITY DEFINER, so a role needs only
+//! `EXECUTE` on it, never a privilege on the table. It resolves nothing through `search_path`:
+//! its one statement names the table with the extension's schema and takes parameters of the
+//! columns' own types, so a caller's objects cannot hijack it, and it spares every call the
+//! cost of a `SET search_path` clause (about a tenth of a small transaction's throughput). The
+//! insert runs through a plan prepared once per backend; the jsonb argument is taken as a raw
+//! datum so it is never converted to a Rust value.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, CStr, CString};
 
 use pgrx::fcinfo::{direct_function_call_as_datum, pg_arg_is_null, pg_getarg, pg_getarg_datum_raw};
 use pgrx::pg_sys::panic::ErrorReport;
@@ -128,7 +131,8 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
             raise(error);
         }
 
-        let id = insert_event(topic_datum, payload_datum);
+        let schema = pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid);
+        let id = insert_event(schema, topic_datum, payload_datum);
 
         if let Some(channel) = gucs::notify_channel_ptr() {
             notify(channel, topic);
@@ -155,31 +159,54 @@ unsafe fn json_text_len(datum: pg_sys::Datum) -> usize {
     }
 }
 
-/// The insert plan, prepared on first use and kept for the backend's life. Backends are single
-/// threaded; only this module touches it.
+/// The insert plan, prepared on first use and kept for the backend's life, with the schema it
+/// names. Backends are single threaded; only this module touches them.
 static mut INSERT_PLAN: pg_sys::SPIPlanPtr = std::ptr::null_mut();
+static mut INSERT_PLAN_SCHEMA: pg_sys::Oid = pg_sys::InvalidOid;
 
-const INSERT_SQL: &CStr = c"INSERT INTO outbox (topic, payload) VALUES ($1, $2) RETURNING id";
+/// Prepares `INSERT INTO <schema>.outbox ...` for the schema with oid `schema`.
+///
+/// # Safety
+/// Must run inside SPI (between SPI_connect and SPI_finish).
+unsafe fn prepare_insert(schema: pg_sys::Oid) -> pg_sys::SPIPlanPtr {
+    // SAFETY: catalog lookups and SPI calls on the backend's only thread.
+    unsafe {
+        let name = pg_sys::get_namespace_name(schema);
+        if name.is_null() {
+            error!("outbox_enqueue: the extension's schema no longer exists");
+        }
+        let quoted = CStr::from_ptr(pg_sys::quote_identifier(name)).to_string_lossy();
+        let sql = CString::new(format!(
+            "INSERT INTO {quoted}.outbox (topic, payload) VALUES ($1, $2) RETURNING id"
+        ))
+        .unwrap_or_default();
+        let mut types = [pg_sys::TEXTOID, pg_sys::JSONBOID];
+        let plan = pg_sys::SPI_prepare(sql.as_ptr(), 2, types.as_mut_ptr());
+        if plan.is_null() {
+            let code = std::ptr::read(&raw const pg_sys::SPI_result);
+            error!("outbox_enqueue: could not prepare the insert (SPI error {code})");
+        }
+        pg_sys::SPI_keepplan(plan);
+        plan
+    }
+}
 
-/// Inserts the event and returns its id.
+/// Inserts the event into the `outbox` table of schema `schema` and returns its id.
 ///
 /// # Safety
 /// Both datums must be non-null, of types text and jsonb.
-unsafe fn insert_event(topic: pg_sys::Datum, payload: pg_sys::Datum) -> i64 {
-    // SAFETY: plain SPI use from the backend's only thread. The plan resolves `outbox` through
-    // the function's pinned search_path (the extension's schema); PostgreSQL's plan cache
-    // re-plans it if the table is dropped and created again.
+unsafe fn insert_event(schema: pg_sys::Oid, topic: pg_sys::Datum, payload: pg_sys::Datum) -> i64 {
+    // SAFETY: plain SPI use from the backend's only thread. PostgreSQL's plan cache re-plans
+    // the kept plan if the table is dropped and created again; a new schema gets a new plan.
     unsafe {
         pg_sys::SPI_connect();
-        if INSERT_PLAN.is_null() {
-            let mut types = [pg_sys::TEXTOID, pg_sys::JSONBOID];
-            let plan = pg_sys::SPI_prepare(INSERT_SQL.as_ptr(), 2, types.as_mut_ptr());
-            if plan.is_null() {
-                let code = std::ptr::read(&raw const pg_sys::SPI_result);
-                error!("outbox_enqueue: could not prepare the insert (SPI error {code})");
+        if INSERT_PLAN.is_null() || INSERT_PLAN_SCHEMA != schema {
+            if !INSERT_PLAN.is_null() {
+                pg_sys::SPI_freeplan(INSERT_PLAN);
+                INSERT_PLAN = std::ptr::null_mut();
             }
-            pg_sys::SPI_keepplan(plan);
-            INSERT_PLAN = plan;
+            INSERT_PLAN = prepare_insert(schema);
+            INSERT_PLAN_SCHEMA = schema;
         }
         let mut values = [topic, payload];
         let nulls = [b' ' as c_char, b' ' as c_char];

@@ -308,6 +308,14 @@ fn execute_privilege_is_all_an_application_needs() {
         "the application cannot read the table"
     );
     assert_eq!(count(&mut app, "SELECT count(*) FROM evil.outbox"), 0);
+    // Nor does an empty search_path, or one with only the caller's schema, stop it.
+    app.batch_execute("SET search_path = ''").unwrap();
+    app.query_one("SELECT public.outbox_enqueue('t', '{}')", &[])
+        .unwrap();
+    app.batch_execute("SET search_path = evil").unwrap();
+    app.query_one("SELECT public.outbox_enqueue('t', '{}')", &[])
+        .unwrap();
+    assert_eq!(count(&mut app, "SELECT count(*) FROM evil.outbox"), 0);
     let stored: i64 = admin
         .query_one("SELECT count(*) FROM outbox WHERE id = $1", &[&id])
         .unwrap()
