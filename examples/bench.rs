@@ -568,7 +568,7 @@ fn main() {
         .unwrap_or_default();
     let table = report.markdown();
     let text = format!(
-        "# Benchmarks\n\nProduced by `make bench` on {} cores ({cpu}), in {:.0} s. Medians of {REPS} runs. \
+        "# Benchmarks\n\nProduced by `make bench` on {} cores ({cpu}), in {:.0} s. Medians of {REPS} runs ({RELAY_REPS} for the relay cases). \
          PostgreSQL 15 with fsync off, extension release build, one relay worker, Redis on the same machine. \
          Ratios compare each figure with the baseline measured in the same run.\n\n{table}",
         thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
