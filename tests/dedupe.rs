@@ -100,14 +100,15 @@ fn kill_between_publish_and_mark(
 /// a 20,000-event drain. Returns the published ids and the enqueued ones.
 fn drain_with_kills(dedupe: &str) -> (Vec<i64>, BTreeSet<i64>, Redis) {
     let redis = Redis::start();
-    let url = redis.url();
     let batch = BATCH.to_string();
-    let pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.dedupe", dedupe),
-        ("outbox.batch_size", batch.as_str()),
-        ("outbox.poll_interval", "100ms"),
-    ]);
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.dedupe", dedupe),
+            ("outbox.batch_size", batch.as_str()),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
     pg.with_extension();
     pg.wait_for_workers(1);
     let mut expected = BTreeSet::new();
@@ -197,11 +198,7 @@ fn with_dedupe_off_the_same_kills_duplicate_batches() {
 #[test]
 fn markers_stay_bounded_by_a_few_batches() {
     let redis = Redis::start();
-    let url = redis.url();
-    let pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.batch_size", "100"),
-    ]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.batch_size", "100")]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     let mut most = 0;
@@ -225,11 +222,7 @@ fn markers_stay_bounded_by_a_few_batches() {
 #[test]
 fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
     let redis = Redis::start();
-    let url = redis.url();
-    let pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.dedupe_ttl", "1h"),
-    ]);
+    let pg = Pg::relaying_to(&redis, &[("outbox.dedupe_ttl", "1h")]);
     pg.with_extension();
     pg.wait_for_workers(1);
     let ids = kill_between_publish_and_mark(&pg, &redis, "crash", 10, || {
