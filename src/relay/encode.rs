@@ -1,6 +1,7 @@
 //! What an event looks like on its way to Redis: stream keys, entry fields, marker sets and the
 //! RFC 3339 timestamp. Pure functions, unit-tested without a server.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// One claimed event, as the relay reads it from the `outbox` table.
@@ -15,13 +16,14 @@ pub struct Event {
 }
 
 impl Event {
-    /// The entry's field/value pairs, in the contract's order.
-    pub fn fields(&self) -> [(&'static str, String); 4] {
+    /// The entry's field/value pairs, in the contract's order. Topic and payload are borrowed:
+    /// the payload is copied once, into the command sent to Redis.
+    pub fn fields(&self) -> [(&'static str, Cow<'_, str>); 4] {
         [
-            ("id", self.id.to_string()),
-            ("topic", self.topic.clone()),
-            ("payload", self.payload.clone()),
-            ("created_at", rfc3339(self.created_at)),
+            ("id", Cow::Owned(self.id.to_string())),
+            ("topic", Cow::Borrowed(&self.topic)),
+            ("payload", Cow::Borrowed(&self.payload)),
+            ("created_at", Cow::Owned(rfc3339(self.created_at))),
         ]
     }
 }

@@ -242,7 +242,7 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
                 .arg(now_ms);
             for &p in &positions {
                 for (_, value) in request.events[p].fields() {
-                    cmd.arg(value);
+                    cmd.arg(value.as_ref());
                 }
             }
             let ids = positions.iter().map(|&p| request.events[p].id).collect();
@@ -260,7 +260,7 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
             }
             cmd.arg("*");
             for (name, value) in event.fields() {
-                cmd.arg(name).arg(value);
+                cmd.arg(name).arg(value.as_ref());
             }
             layout.commands.push(vec![index]);
         }
