@@ -10,21 +10,23 @@ use pgrx::PgOid;
 
 use super::encode::Event;
 
-/// The extension as the worker last saw it: its oid and the schema its objects live in.
-pub fn find_extension() -> Option<(pg_sys::Oid, String)> {
-    // SAFETY: a catalog lookup inside the caller's transaction.
-    let oid = unsafe { pg_sys::get_extension_oid(c"outbox".as_ptr(), true) };
-    if oid == pg_sys::InvalidOid {
-        return None;
-    }
-    let schema = Spi::get_one_with_args::<String>(
+/// The schema the extension with oid `oid` lives in.
+pub fn extension_schema(oid: pg_sys::Oid) -> Option<String> {
+    Spi::get_one_with_args::<String>(
         "SELECT n.nspname::text FROM pg_catalog.pg_extension e \
          JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.oid = $1",
         &[oid.into()],
     )
     .ok()
-    .flatten()?;
-    Some((oid, schema))
+    .flatten()
+}
+
+/// An event Redis rejected, after its attempt was charged.
+pub struct Failed {
+    pub id: i64,
+    pub attempts: i32,
+    pub topic: String,
+    pub error: String,
 }
 
 /// The prepared statements of one installation of the extension.
@@ -68,7 +70,7 @@ impl Statements {
                     "UPDATE {s}.outbox o \
                      SET published_at = NULL, attempts = o.attempts + 1, last_error = f.error \
                      FROM unnest($1::bigint[], $2::text[]) AS f(id, error) \
-                     WHERE o.id = f.id RETURNING o.id, o.attempts"
+                     WHERE o.id = f.id RETURNING o.id, o.attempts, o.topic, o.last_error"
                 ),
                 &[pg_sys::INT8ARRAYOID, pg_sys::TEXTARRAYOID],
             ),
@@ -128,19 +130,19 @@ impl Statements {
         });
     }
 
-    /// Unmarks each failed event and charges it an attempt; returns each event's attempts so far.
-    pub fn record_failures(&self, failures: Vec<(i64, String)>) -> Vec<(i64, i32)> {
+    /// Unmarks each failed event and charges it an attempt; returns each event as it now is.
+    pub fn record_failures(&self, failures: Vec<(i64, String)>) -> Vec<Failed> {
         let (ids, errors): (Vec<i64>, Vec<String>) = failures.into_iter().unzip();
         Spi::connect_mut(|client| {
             let table = client
                 .update(&self.fail, None, &[ids.into(), errors.into()])
                 .unwrap_or_else(|e| error!("outbox relay: recording failures failed: {e}"));
             table
-                .map(|row| {
-                    (
-                        row.get::<i64>(1).ok().flatten().unwrap_or_default(),
-                        row.get::<i32>(2).ok().flatten().unwrap_or_default(),
-                    )
+                .map(|row| Failed {
+                    id: row.get::<i64>(1).ok().flatten().unwrap_or_default(),
+                    attempts: row.get::<i32>(2).ok().flatten().unwrap_or_default(),
+                    topic: row.get::<String>(3).ok().flatten().unwrap_or_default(),
+                    error: row.get::<String>(4).ok().flatten().unwrap_or_default(),
                 })
                 .collect()
         })

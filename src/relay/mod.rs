@@ -27,7 +27,7 @@ use pgrx::prelude::*;
 use crate::shmem::{self, Shared, WorkerSlot, WorkerState};
 use crate::{gucs, redis_url};
 use backoff::Backoff;
-use claim::Statements;
+use claim::{Failed, Statements};
 use publish::{Interrupted, Markers, Publisher, Reply, Request, Target};
 
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
@@ -476,7 +476,7 @@ impl Relay {
             return None;
         }
         if self.statements.as_ref().map(|s| s.extension) != Some(oid) {
-            let (oid, schema) = claim::find_extension()?;
+            let schema = claim::extension_schema(oid)?;
             self.statements = Some(Statements::prepare(oid, &schema));
             self.schema = schema;
         }
@@ -520,7 +520,6 @@ impl Relay {
             let size = next.len();
             claimed += size;
             let ids: Vec<i64> = next.iter().map(|e| e.id).collect();
-            let topics: Vec<String> = next.iter().map(|e| e.topic.clone()).collect();
             let request = Request {
                 target: self.target.clone(),
                 events: next,
@@ -574,19 +573,16 @@ impl Relay {
                         );
                         self.slot.set_error(None, now());
                     }
-                    let failures: Vec<(i64, String, String)> = ids
+                    let failures: Vec<(i64, String)> = ids
                         .into_iter()
-                        .zip(topics)
                         .zip(results)
-                        .filter_map(|((id, topic), result)| {
-                            result.err().map(|error| (id, topic, error))
-                        })
+                        .filter_map(|(id, result)| result.err().map(|error| (id, error)))
                         .collect();
                     batch.published += (size - failures.len()) as u64;
                     batch.markers.extend(markers);
                     if !failures.is_empty() {
                         // Unmarked again, so the claims left in this transaction must skip them.
-                        not_yet.extend(failures.iter().map(|(id, _, _)| *id));
+                        not_yet.extend(failures.iter().map(|(id, _)| *id));
                         self.charge_failures(failures);
                     }
                 }
@@ -604,19 +600,19 @@ impl Relay {
 
     /// Takes the mark back from each event Redis rejected and charges it an attempt; buries
     /// those out of attempts.
-    fn charge_failures(&mut self, failures: Vec<(i64, String, String)>) {
+    fn charge_failures(&mut self, failures: Vec<(i64, String)>) {
         let Some(statements) = self.statements.as_ref() else {
             return;
         };
-        let errors: HashMap<i64, (String, String)> = failures
-            .iter()
-            .map(|(id, topic, e)| (*id, (topic.clone(), e.clone())))
-            .collect();
-        let attempts =
-            statements.record_failures(failures.into_iter().map(|(id, _, e)| (id, e)).collect());
         let mut exhausted = Vec::new();
-        for (id, attempts) in attempts {
-            let (topic, error) = errors.get(&id).cloned().unwrap_or_default();
+        let mut last_error = None;
+        for failed in statements.record_failures(failures) {
+            let Failed {
+                id,
+                attempts,
+                topic,
+                error,
+            } = failed;
             if attempts >= self.max_attempts {
                 warning!(
                     "outbox relay {}: event {id} (topic {topic}) moved to outbox_dead after \
@@ -637,12 +633,12 @@ impl Relay {
                 self.retry_after
                     .insert(id, Instant::now() + backoff::event_retry_delay(attempts));
             }
+            last_error = Some(error);
         }
         if !exhausted.is_empty() {
             statements.bury(exhausted);
         }
-        self.slot
-            .set_error(errors.values().next().map(|(_, e)| e.as_str()), now());
+        self.slot.set_error(last_error.as_deref(), now());
     }
 
     /// Runs a pruning round when retention is on, a minute (or the retention, if shorter) has
