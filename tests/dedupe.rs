@@ -12,7 +12,7 @@ const BATCH: i64 = 100;
 /// The relay sends a batch of 100 in two chunks of 50.
 const CHUNK: usize = 50;
 
-/// The marker sets in Redis, with their sizes and remaining lifetimes in seconds.
+/// The marker hashes in Redis, with their sizes and remaining lifetimes in seconds.
 fn marker_sets(redis: &Redis) -> Vec<(String, usize, i64)> {
     let mut conn = redis.conn();
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -21,14 +21,14 @@ fn marker_sets(redis: &Redis) -> Vec<(String, usize, i64)> {
         .unwrap();
     keys.into_iter()
         .map(|key| {
-            let members: usize = redis::cmd("ZCARD").arg(&key).query(&mut conn).unwrap();
+            let members: usize = redis::cmd("HLEN").arg(&key).query(&mut conn).unwrap();
             let ttl: i64 = redis::cmd("TTL").arg(&key).query(&mut conn).unwrap();
             (key, members, ttl)
         })
         .collect()
 }
 
-/// Markers held in Redis: event ids across all marker sets.
+/// Markers held in Redis: event ids across all marker hashes.
 fn markers(redis: &Redis) -> usize {
     marker_sets(redis)
         .iter()
@@ -165,11 +165,11 @@ fn with_dedupe_on_kills_leave_every_id_in_its_stream_once() {
         expected.len()
     );
     // A kill after a batch committed and before its markers were removed leaves at most that
-    // batch's markers, in a set that expires within outbox.dedupe_ttl (1 day by default).
+    // batch's markers, in a hash that expires within twice outbox.dedupe_ttl (1 day).
     let sets = marker_sets(&redis);
     assert!(markers(&redis) <= BATCH as usize, "markers left: {sets:?}");
     for (key, _, ttl) in &sets {
-        assert!((1..=86_400).contains(ttl), "{key} expires in {ttl}s");
+        assert!((1..=2 * 86_400).contains(ttl), "{key} expires in {ttl}s");
     }
 }
 
@@ -226,15 +226,34 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
     pg.with_extension();
     pg.wait_for_workers(1);
     let ids = kill_between_publish_and_mark(&pg, &redis, "crash", 10, || {
+        // Ten consecutive ids: one or two hashes of 64 ids each.
         let sets = marker_sets(&redis);
-        assert_eq!(sets.len(), 1, "one marker set per stream: {sets:?}");
-        let (key, members, ttl) = &sets[0];
-        assert!(key.ends_with(":crash"), "{key}");
-        assert_eq!(*members, 10, "one marker per published, unmarked event");
-        assert!(
-            (3500..=3600).contains(ttl),
-            "{key} expires in {ttl}s, not outbox.dedupe_ttl"
+        assert!((1..=2).contains(&sets.len()), "marker hashes: {sets:?}");
+        let mut recorded: HashMap<String, String> = HashMap::new();
+        for (key, _, ttl) in &sets {
+            assert!(key.ends_with(":crash"), "{key}");
+            assert!(
+                (3590..=7200).contains(ttl),
+                "{key} expires in {ttl}s, not within one to two outbox.dedupe_ttl"
+            );
+            // Each marker records the entry its event became.
+            let markers: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(key)
+                .query(&mut redis.conn())
+                .unwrap();
+            recorded.extend(markers);
+        }
+        assert_eq!(
+            recorded.len(),
+            10,
+            "one marker per published, unmarked event"
         );
+        let entries: HashMap<String, String> = redis
+            .entries("crash")
+            .into_iter()
+            .map(|(entry, fields)| (fields["id"].clone(), entry))
+            .collect();
+        assert_eq!(recorded, entries, "markers and entries differ");
     });
     assert_eq!(redis.xlen("crash"), 10);
     assert!(
@@ -250,4 +269,96 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
         wait_until(Duration::from_secs(5), || markers(&redis) == 0),
         "markers outlived their batch"
     );
+}
+
+/// The script itself, called as the relay calls it: a marker from the previous period absorbs
+/// its event, new markers record entry ids, and a key error is reported per event with no
+/// marker written.
+#[test]
+fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
+    let redis = Redis::start();
+    let mut conn = redis.conn();
+    let script = include_str!("../src/relay/dedupe.lua");
+    let (current, previous) = ("m:2:0:s", "m:1:0:s");
+    let _: () = redis::cmd("HSET")
+        .arg(previous)
+        .arg(5)
+        .arg("1-1")
+        .query(&mut conn)
+        .unwrap();
+    let expires_at = 4_102_444_800_000_u64; // 2100-01-01
+                                            // In a pipeline that keeps errors as values, as the relay sends it.
+    let call = |stream: &str, ids: &[i64], conn: &mut redis::Connection| -> redis::Value {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let cmd = pipe
+            .cmd("EVAL")
+            .arg(script)
+            .arg(3)
+            .arg(stream)
+            .arg(current)
+            .arg(previous);
+        cmd.arg(0).arg(expires_at).arg(ids.len());
+        for id in ids {
+            cmd.arg(id);
+        }
+        for id in ids {
+            cmd.arg("t")
+                .arg(format!("{{\"n\": {id}}}"))
+                .arg("2026-11-30T00:00:00.000000Z");
+        }
+        let mut replies: Vec<redis::Value> = pipe.query(conn).unwrap();
+        replies.remove(0)
+    };
+    let redis::Value::Array(reply) = call("s", &[4, 5, 6], &mut conn) else {
+        panic!("not an array");
+    };
+    let entries = redis.entries("s");
+    assert_eq!(redis.ids("s"), [4, 6], "the marked event was added again");
+    assert_eq!(
+        reply,
+        [
+            redis::Value::BulkString(entries[0].0.clone().into_bytes()),
+            redis::Value::BulkString(b"1-1".to_vec()),
+            redis::Value::BulkString(entries[1].0.clone().into_bytes()),
+        ]
+    );
+    let markers: HashMap<String, String> =
+        redis::cmd("HGETALL").arg(current).query(&mut conn).unwrap();
+    assert_eq!(
+        markers,
+        HashMap::from([
+            ("4".to_string(), entries[0].0.clone()),
+            ("6".to_string(), entries[1].0.clone())
+        ])
+    );
+    let expire: u64 = redis::cmd("PEXPIRETIME")
+        .arg(current)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(expire, expires_at);
+
+    // A stream key holding a string: each event gets the error, and no marker is written.
+    let _: () = redis::cmd("SET")
+        .arg("poison")
+        .arg("x")
+        .query(&mut conn)
+        .unwrap();
+    let redis::Value::Array(reply) = call("poison", &[7, 8], &mut conn) else {
+        panic!("not an array");
+    };
+    assert_eq!(reply.len(), 2);
+    for item in reply {
+        match item {
+            redis::Value::ServerError(e) => assert_eq!(e.code(), "WRONGTYPE", "{e:?}"),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+    let known: Vec<Option<String>> = redis::cmd("HMGET")
+        .arg(current)
+        .arg(7)
+        .arg(8)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(known, [None, None]);
 }

@@ -1,61 +1,68 @@
 -- Idempotent publish of one stream's share of a batch (outbox.dedupe = on).
--- KEYS[1]  the stream
--- KEYS[2]  the stream's marker set: a sorted set of event ids, scored by when they were added
--- ARGV[1]  MAXLEN ~ bound, 0 for none
--- ARGV[2]  marker lifetime in milliseconds
--- ARGV[3]  the relay's clock, in milliseconds
--- ARGV[4..] four fields per event, in id order: id, topic, payload, created_at
--- Returns one {1, entry id} or {0, error} per event. An event already in the marker set was added
--- by an earlier attempt whose transaction never committed: it is not added again.
+--
+-- The events come in runs of consecutive ids that share a marker shard; each shard has a marker
+-- hash (event id -> stream entry id) per period, and the previous period's is still consulted.
+-- KEYS[1]             the stream
+-- KEYS[2s], KEYS[2s+1] run s's marker hash of the current period, and of the period before
+-- ARGV[1]             MAXLEN ~ bound, 0 for none
+-- ARGV[2]             when the current period's hashes expire, in Unix milliseconds
+-- ARGV[3 .. 2+r]      the number of events in each of the r runs
+-- then                the n event ids, in order
+-- then                three fields per event: topic, payload, created_at
+-- Returns one reply per event, in order: its stream entry id, or the error XADD gave for it. An
+-- event with a marker was added by an earlier attempt whose transaction never committed: it is
+-- not added again, and the entry id that attempt recorded is returned.
 local maxlen = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
-local now = tonumber(ARGV[3])
-local events = (#ARGV - 3) / 4
--- Commands take their arguments in slices, few enough for Lua's unpack.
-local slice = 500
-
-local seen = {}
-for first = 1, events, slice do
-  local ids = {}
-  for e = first, math.min(first + slice - 1, events) do
-    ids[#ids + 1] = ARGV[4 + (e - 1) * 4]
-  end
-  local scores = redis.call('ZMSCORE', KEYS[2], unpack(ids))
-  for i = 1, #scores do
-    seen[first + i - 1] = scores[i]
-  end
-end
+local expires_at = ARGV[2]
+local runs = (#KEYS - 1) / 2
+local n = (#ARGV - 2 - runs) / 4
+local stream = KEYS[1]
+local xadd = redis.pcall
 
 local out = {}
-local added = {}
-for e = 1, events do
-  local a = 4 + (e - 1) * 4
-  if seen[e] then
-    out[e] = {1, 'already published'}
-  else
-    local entry
-    if maxlen > 0 then
-      entry = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'id', ARGV[a],
-        'topic', ARGV[a + 1], 'payload', ARGV[a + 2], 'created_at', ARGV[a + 3])
-    else
-      entry = redis.pcall('XADD', KEYS[1], '*', 'id', ARGV[a],
-        'topic', ARGV[a + 1], 'payload', ARGV[a + 2], 'created_at', ARGV[a + 3])
-    end
-    if type(entry) == 'table' and entry.err then
-      out[e] = {0, entry.err}
-    else
-      added[#added + 1] = now
-      added[#added + 1] = ARGV[a]
-      out[e] = {1, entry}
-    end
+local e = 0                    -- events done
+local id_at = 3 + runs         -- ARGV index of the next id
+local field_at = id_at + n     -- ARGV index of the next event's topic
+for r = 1, runs do
+  local count = tonumber(ARGV[2 + r])
+  local current, previous = KEYS[2 * r], KEYS[2 * r + 1]
+  local last_id = id_at + count - 1
+  local seen = redis.call('HMGET', current, unpack(ARGV, id_at, last_id))
+  local older = {}
+  if redis.call('EXISTS', previous) == 1 then
+    older = redis.call('HMGET', previous, unpack(ARGV, id_at, last_id))
   end
+  local added = {}
+  local k = 0
+  for i = 1, count do
+    local id = ARGV[id_at + i - 1]
+    local known = seen[i] or older[i]
+    e = e + 1
+    if known then
+      out[e] = known
+    else
+      local entry
+      if maxlen > 0 then
+        entry = xadd('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'id', id, 'topic',
+          ARGV[field_at], 'payload', ARGV[field_at + 1], 'created_at', ARGV[field_at + 2])
+      else
+        entry = xadd('XADD', stream, '*', 'id', id, 'topic',
+          ARGV[field_at], 'payload', ARGV[field_at + 1], 'created_at', ARGV[field_at + 2])
+      end
+      out[e] = entry
+      if type(entry) == 'string' then
+        added[k + 1] = id
+        added[k + 2] = entry
+        k = k + 2
+      end
+    end
+    field_at = field_at + 3
+  end
+  if k > 0 then
+    redis.call('HSET', current, unpack(added))
+    -- Markers left by a crash go with their period's hash.
+    redis.call('PEXPIREAT', current, expires_at)
+  end
+  id_at = last_id + 1
 end
-
-for first = 1, #added, 2 * slice do
-  redis.call('ZADD', KEYS[2], unpack(added, first, math.min(first + 2 * slice - 1, #added)))
-end
--- Markers left by a crash expire: old members are trimmed whenever the stream is published
--- to, and the whole set disappears once the stream has been quiet for the lifetime.
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
 return out

@@ -1,4 +1,4 @@
-//! What an event looks like on its way to Redis: stream keys, entry fields, marker sets and the
+//! What an event looks like on its way to Redis: stream keys, entry fields, marker hashes and the
 //! RFC 3339 timestamp. Pure functions, unit-tested without a server.
 
 use std::borrow::Cow;
@@ -33,10 +33,58 @@ pub fn stream_key(prefix: &str, topic: &str) -> String {
     format!("{prefix}{topic}")
 }
 
-/// The sorted set holding the dedupe markers of one stream. `namespace` tells apart the
-/// databases that share a Redis.
-pub fn marker_set(namespace: &str, stream: &str) -> String {
-    format!("outbox:dedupe:{namespace}:{stream}")
+/// Event ids per marker hash: consecutive ids share a hash, and a hash this small stays in
+/// Redis's compact encoding (`hash-max-listpack-entries` is 128 by default), where lookups and
+/// inserts are cheapest.
+pub const MARKER_SHARD: i64 = 64;
+
+/// Where the dedupe markers of one stream's ids `shard * MARKER_SHARD ..` live while the
+/// relay's clock reads `now_ms`.
+///
+/// Markers go to one hash per stream, shard of ids and period of `outbox.dedupe_ttl`. A hash
+/// expires at the end of the period after its own, so a marker lives at least one TTL and at
+/// most two, and a lookup consults the current period's hash and the one before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkerKeys {
+    /// The hash new markers go to.
+    pub current: String,
+    /// The previous period's hash, still consulted.
+    pub previous: String,
+    /// When `current` expires, in Unix milliseconds.
+    pub expires_at_ms: u64,
+}
+
+/// The marker hashes of `stream` and `shard` at `now_ms` for a lifetime of `ttl_ms`.
+/// `namespace` tells apart the databases that share a Redis.
+pub fn marker_keys(
+    namespace: &str,
+    stream: &str,
+    shard: i64,
+    now_ms: u64,
+    ttl_ms: u64,
+) -> MarkerKeys {
+    let ttl_ms = ttl_ms.max(1);
+    let period = now_ms / ttl_ms;
+    let key = |period: u64| format!("outbox:dedupe:{namespace}:{period}:{shard}:{stream}");
+    MarkerKeys {
+        current: key(period),
+        previous: key(period.saturating_sub(1)),
+        expires_at_ms: (period + 2) * ttl_ms,
+    }
+}
+
+/// Splits positions (of events in id order) into runs whose ids share a marker shard, keeping
+/// their order.
+pub fn shard_runs(events: &[Event], positions: &[usize]) -> Vec<(i64, Vec<usize>)> {
+    let mut runs: Vec<(i64, Vec<usize>)> = Vec::new();
+    for &p in positions {
+        let shard = events[p].id.div_euclid(MARKER_SHARD);
+        match runs.last_mut() {
+            Some((last, run)) if *last == shard => run.push(p),
+            _ => runs.push((shard, vec![p])),
+        }
+    }
+    runs
 }
 
 /// Groups events by stream key: each group holds positions in `events`, in the order given
@@ -133,7 +181,41 @@ mod tests {
     fn keys_use_prefix_and_namespace() {
         assert_eq!(stream_key("", "a.b"), "a.b");
         assert_eq!(stream_key("app:", "a.b"), "app:a.b");
-        assert_eq!(marker_set("42.5", "app:a.b"), "outbox:dedupe:42.5:app:a.b");
+    }
+
+    #[test]
+    fn markers_live_between_one_and_two_lifetimes() {
+        let day = 86_400_000;
+        let keys = marker_keys("42.5", "app:a.b", 3, 20_000 * day + 5, day);
+        assert_eq!(keys.current, "outbox:dedupe:42.5:20000:3:app:a.b");
+        assert_eq!(keys.previous, "outbox:dedupe:42.5:19999:3:app:a.b");
+        assert_eq!(keys.expires_at_ms, 20_002 * day);
+        for now in [0, 1, 999, 1000, 1001, 123_456_789] {
+            let keys = marker_keys("n", "s", 0, now, 1000);
+            let life = keys.expires_at_ms - now;
+            assert!((1000..=2000).contains(&life), "{now}: {life}");
+        }
+        // A marker written in the previous period is still consulted.
+        let then = marker_keys("n", "s", 0, 1500, 1000);
+        let later = marker_keys("n", "s", 0, 2999, 1000);
+        assert_eq!(later.previous, then.current);
+        assert_eq!(marker_keys("n", "s", 0, 5, 0).expires_at_ms, 7);
+    }
+
+    #[test]
+    fn consecutive_ids_share_a_marker_shard() {
+        let events: Vec<Event> = [1, 2, 63, 64, 65, 200, 7]
+            .iter()
+            .map(|&id| event(id, "a"))
+            .collect();
+        let runs = shard_runs(&events, &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(runs, [(0, vec![0, 1, 2]), (1, vec![3, 4]), (3, vec![5])]);
+        // Out of order, a shard may come back in a run of its own; the order is kept.
+        assert_eq!(
+            shard_runs(&events, &[0, 3, 6]),
+            [(0, vec![0]), (1, vec![3]), (0, vec![6])]
+        );
+        assert!(shard_runs(&events, &[]).is_empty());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use redis::Value;
 
-use super::encode::{group_by_stream, marker_set, Event};
+use super::encode::{group_by_stream, marker_keys, shard_runs, Event};
 use crate::redis_url;
 
 const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
@@ -31,14 +31,14 @@ pub struct Target {
     pub stream_maxlen: u64,
     pub dedupe: bool,
     pub dedupe_ttl: Duration,
-    /// Tells apart databases sharing a Redis in marker set keys.
+    /// Tells apart databases sharing a Redis in marker hash keys.
     pub marker_namespace: String,
 }
 
-/// Dedupe markers: event ids in one stream's marker set.
+/// Dedupe markers: event ids in one marker hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Markers {
-    pub set: String,
+    pub hash: String,
     pub ids: Vec<i64>,
 }
 
@@ -79,11 +79,6 @@ pub fn is_server_wide(code: &str) -> bool {
             | "NOSCRIPT"
             | "EXECABORT"
     )
-}
-
-/// The first word of a Redis error message, its code.
-fn error_code(message: &str) -> &str {
-    message.split_whitespace().next().unwrap_or("")
 }
 
 pub struct Publisher {
@@ -215,8 +210,8 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for markers in &request.committed_markers {
-        pipe.cmd("ZREM")
-            .arg(&markers.set)
+        pipe.cmd("HDEL")
+            .arg(&markers.hash)
             .arg(&markers.ids)
             .ignore();
     }
@@ -230,23 +225,38 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         for (stream, positions) in group_by_stream(&target.stream_prefix, &request.events) {
-            let set = marker_set(&target.marker_namespace, &stream);
+            let runs = shard_runs(&request.events, &positions);
             let cmd = pipe
                 .cmd("EVALSHA")
                 .arg(dedupe_script_sha())
-                .arg(2)
-                .arg(&stream)
-                .arg(&set)
-                .arg(target.stream_maxlen)
-                .arg(ttl_ms)
-                .arg(now_ms);
-            for &p in &positions {
-                for (_, value) in request.events[p].fields() {
-                    cmd.arg(value.as_ref());
-                }
+                .arg(1 + 2 * runs.len())
+                .arg(&stream);
+            let mut keys = Vec::with_capacity(runs.len());
+            for (shard, _) in &runs {
+                let k = marker_keys(&target.marker_namespace, &stream, *shard, now_ms, ttl_ms);
+                cmd.arg(&k.current).arg(&k.previous);
+                keys.push(k);
             }
-            let ids = positions.iter().map(|&p| request.events[p].id).collect();
-            layout.markers.push(Markers { set, ids });
+            cmd.arg(target.stream_maxlen)
+                .arg(keys.first().map_or(0, |k| k.expires_at_ms));
+            for (_, run) in &runs {
+                cmd.arg(run.len());
+            }
+            for &p in &positions {
+                cmd.arg(request.events[p].id);
+            }
+            for &p in &positions {
+                let [_, topic, payload, created_at] = request.events[p].fields();
+                cmd.arg(topic.1.as_ref())
+                    .arg(payload.1.as_ref())
+                    .arg(created_at.1.as_ref());
+            }
+            for ((_, run), k) in runs.iter().zip(keys) {
+                layout.markers.push(Markers {
+                    hash: k.current,
+                    ids: run.iter().map(|&p| request.events[p].id).collect(),
+                });
+            }
             layout.commands.push(positions);
         }
     } else {
@@ -295,11 +305,19 @@ fn read_replies(request: &Request, layout: &Layout, values: Vec<Value>) -> Resul
                     return Err("unexpected reply from the dedupe script".into());
                 }
                 for (item, &p) in items.into_iter().zip(positions) {
-                    if let Some(error) = script_item_error(item)? {
-                        if is_server_wide(error_code(&error)) {
-                            return Err(error);
+                    match item {
+                        Value::BulkString(_) | Value::SimpleString(_) => {}
+                        Value::ServerError(e) => {
+                            if is_server_wide(e.code()) {
+                                return Err(e.to_string());
+                            }
+                            results[p] = Err(e.to_string());
                         }
-                        results[p] = Err(error);
+                        other => {
+                            return Err(format!(
+                                "unexpected item from the dedupe script: {other:?}"
+                            ))
+                        }
                     }
                 }
             }
@@ -311,21 +329,6 @@ fn read_replies(request: &Request, layout: &Layout, values: Vec<Value>) -> Resul
         results,
         markers: layout.markers.clone(),
     })
-}
-
-/// Reads one `{ok, value}` pair of the dedupe script: `None` when the event was published.
-fn script_item_error(item: Value) -> Result<Option<String>, String> {
-    let Value::Array(pair) = item else {
-        return Err("unexpected item from the dedupe script".into());
-    };
-    match pair.as_slice() {
-        [Value::Int(1), _] => Ok(None),
-        [Value::Int(0), Value::BulkString(error)] => {
-            Ok(Some(String::from_utf8_lossy(error).into_owned()))
-        }
-        [Value::Int(0), Value::SimpleString(error)] => Ok(Some(error.clone())),
-        _ => Err("unexpected item from the dedupe script".into()),
-    }
 }
 
 #[cfg(test)]
@@ -347,19 +350,5 @@ mod tests {
         ] {
             assert!(is_server_wide(code), "{code}");
         }
-        assert_eq!(error_code("WRONGTYPE Operation against a key"), "WRONGTYPE");
-        assert_eq!(error_code(""), "");
-    }
-
-    #[test]
-    fn script_items_report_errors() {
-        let ok = Value::Array(vec![Value::Int(1), Value::BulkString(b"1-0".to_vec())]);
-        assert_eq!(script_item_error(ok), Ok(None));
-        let bad = Value::Array(vec![
-            Value::Int(0),
-            Value::BulkString(b"WRONGTYPE x".to_vec()),
-        ]);
-        assert_eq!(script_item_error(bad), Ok(Some("WRONGTYPE x".into())));
-        assert!(script_item_error(Value::Nil).is_err());
     }
 }
