@@ -2,18 +2,22 @@
 //!
 //! The function is declared in `sql/outbox.sql` as SECURITY DEFINER, so a role needs only
 //! `EXECUTE` on it, never a privilege on the table. It resolves nothing through `search_path`:
-//! its one statement names the table with the extension's schema and takes parameters of the
-//! columns' own types, so a caller's objects cannot hijack it, and it spares every call the
-//! cost of a `SET search_path` clause (about a tenth of a small transaction's throughput). The
-//! insert runs through a plan prepared once per backend; the jsonb argument is taken as a raw
-//! datum so it is never converted to a Rust value.
+//! it finds the table by the extension's schema, so a caller's objects cannot hijack it, and it
+//! spares every call the cost of a `SET search_path` clause.
+//!
+//! The row goes in through the executor's single-row insert, the one logical replication uses
+//! to apply a change (`ExecSimpleRelationInsert`): constraints, indexes and row triggers are
+//! handled as by `INSERT`, without planning or running a statement. Going through SPI cost
+//! about twice a plain `INSERT`'s executor time, which profiles of 8-client pgbench runs showed
+//! as the bulk of what `outbox_enqueue` added to a transaction. The arguments stay raw datums:
+//! the topic is checked as bytes and the payload is never converted to a Rust value.
 
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::CStr;
 
-use pgrx::fcinfo::{direct_function_call_as_datum, pg_arg_is_null, pg_getarg, pg_getarg_datum_raw};
+use pgrx::fcinfo::{direct_function_call_as_datum, pg_arg_is_null, pg_getarg_datum_raw};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use pgrx::{pg_sys, IntoDatum, PgLogLevel, PgSqlErrorCode};
+use pgrx::{pg_sys, varlena, IntoDatum, PgBox, PgLogLevel, PgSqlErrorCode};
 
 use crate::{gucs, wake};
 
@@ -77,15 +81,17 @@ impl InputError {
     }
 }
 
-/// Checks a topic: not empty, at most [`MAX_TOPIC_BYTES`] bytes, no control character.
-pub fn check_topic(topic: &str) -> Result<(), InputError> {
+/// Checks a topic's bytes: not empty, at most [`MAX_TOPIC_BYTES`], no control character (C0,
+/// DEL, or a C1 control encoded in UTF-8).
+pub fn check_topic(topic: &[u8]) -> Result<(), InputError> {
     if topic.is_empty() {
         return Err(InputError::EmptyTopic);
     }
     if topic.len() > MAX_TOPIC_BYTES {
         return Err(InputError::TopicTooLong(topic.len()));
     }
-    if let Some((at, _)) = topic.char_indices().find(|(_, c)| c.is_control()) {
+    let c1 = |at: usize| topic[at] == 0xC2 && matches!(topic.get(at + 1), Some(0x80..=0x9F));
+    if let Some(at) = (0..topic.len()).find(|&at| topic[at] < 0x20 || topic[at] == 0x7F || c1(at)) {
         return Err(InputError::TopicControlCharacter(at));
     }
     Ok(())
@@ -119,12 +125,11 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         if pg_arg_is_null(fcinfo, 1) {
             raise(InputError::NullPayload);
         }
-        let topic: &str = pg_getarg(fcinfo, 0).unwrap_or_default();
-        if let Err(error) = check_topic(topic) {
-            raise(error);
-        }
         let topic_datum = pg_getarg_datum_raw(fcinfo, 0);
         let payload_datum = pg_getarg_datum_raw(fcinfo, 1);
+        if let Err(error) = check_topic(text_bytes(topic_datum)) {
+            raise(error);
+        }
         if let Err(error) =
             check_payload_size(json_text_len(payload_datum), gucs::max_payload_size())
         {
@@ -135,10 +140,25 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         let id = insert_event(schema, topic_datum, payload_datum);
 
         if let Some(channel) = gucs::notify_channel_ptr() {
-            notify(channel, topic);
+            notify(channel, topic_datum);
         }
         wake::wake_relay_at_commit();
         id
+    }
+}
+
+/// The bytes of a text datum, detoasted only if it is compressed or stored out of line.
+///
+/// # Safety
+/// `datum` must be a non-null text datum; the slice lives as long as the call's memory context.
+unsafe fn text_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let mut text = datum.cast_mut_ptr::<pg_sys::varlena>();
+        if varlena::varatt_is_1b_e(text) || varlena::varatt_is_4b_c(text) {
+            text = pg_sys::pg_detoast_datum_packed(text);
+        }
+        varlena::varlena_to_byte_slice(text)
     }
 }
 
@@ -159,79 +179,123 @@ unsafe fn json_text_len(datum: pg_sys::Datum) -> usize {
     }
 }
 
-/// The insert plan, prepared on first use and kept for the backend's life, with the schema it
-/// names. Backends are single threaded; only this module touches them.
-static mut INSERT_PLAN: pg_sys::SPIPlanPtr = std::ptr::null_mut();
-static mut INSERT_PLAN_SCHEMA: pg_sys::Oid = pg_sys::InvalidOid;
-
-/// Prepares `INSERT INTO <schema>.outbox ...` for the schema with oid `schema`.
-///
-/// # Safety
-/// Must run inside SPI (between SPI_connect and SPI_finish).
-unsafe fn prepare_insert(schema: pg_sys::Oid) -> pg_sys::SPIPlanPtr {
-    // SAFETY: catalog lookups and SPI calls on the backend's only thread.
-    unsafe {
-        let name = pg_sys::get_namespace_name(schema);
-        if name.is_null() {
-            error!("outbox_enqueue: the extension's schema no longer exists");
-        }
-        let quoted = CStr::from_ptr(pg_sys::quote_identifier(name)).to_string_lossy();
-        let sql = CString::new(format!(
-            "INSERT INTO {quoted}.outbox (topic, payload) VALUES ($1, $2) RETURNING id"
-        ))
-        .unwrap_or_default();
-        let mut types = [pg_sys::TEXTOID, pg_sys::JSONBOID];
-        let plan = pg_sys::SPI_prepare(sql.as_ptr(), 2, types.as_mut_ptr());
-        if plan.is_null() {
-            let code = std::ptr::read(&raw const pg_sys::SPI_result);
-            error!("outbox_enqueue: could not prepare the insert (SPI error {code})");
-        }
-        pg_sys::SPI_keepplan(plan);
-        plan
-    }
-}
+/// The `outbox` table's columns, as created by `sql/outbox.sql`.
+const COLUMNS: [&[u8]; 7] = [
+    b"id",
+    b"topic",
+    b"payload",
+    b"created_at",
+    b"published_at",
+    b"attempts",
+    b"last_error",
+];
 
 /// Inserts the event into the `outbox` table of schema `schema` and returns its id.
+///
+/// The columns' defaults are those of `sql/outbox.sql`: the next value of `outbox_id_seq`,
+/// `now()`, and 0 attempts; the others are null. Columns added by hand would be null.
 ///
 /// # Safety
 /// Both datums must be non-null, of types text and jsonb.
 unsafe fn insert_event(schema: pg_sys::Oid, topic: pg_sys::Datum, payload: pg_sys::Datum) -> i64 {
-    // SAFETY: plain SPI use from the backend's only thread. PostgreSQL's plan cache re-plans
-    // the kept plan if the table is dropped and created again; a new schema gets a new plan.
+    // SAFETY: executor calls on the backend's only thread, in the order logical replication's
+    // apply worker makes them for one row. An error anywhere aborts the transaction, whose
+    // cleanup closes the relation and frees the executor state's memory.
     unsafe {
-        pg_sys::SPI_connect();
-        if INSERT_PLAN.is_null() || INSERT_PLAN_SCHEMA != schema {
-            if !INSERT_PLAN.is_null() {
-                pg_sys::SPI_freeplan(INSERT_PLAN);
-                INSERT_PLAN = std::ptr::null_mut();
+        let table = pg_sys::get_relname_relid(c"outbox".as_ptr(), schema);
+        let sequence = pg_sys::get_relname_relid(c"outbox_id_seq".as_ptr(), schema);
+        if table == pg_sys::InvalidOid || sequence == pg_sys::InvalidOid {
+            error!("outbox_enqueue: the extension's outbox table or its id sequence is missing");
+        }
+        let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+        let rel = pg_sys::table_open(table, lockmode);
+        // As an INSERT would; the function runs as the table's owner.
+        let acl = pg_sys::pg_class_aclcheck(table, pg_sys::GetUserId(), pg_sys::ACL_INSERT);
+        if acl != pg_sys::AclResult::ACLCHECK_OK {
+            pg_sys::aclcheck_error(acl, pg_sys::ObjectType::OBJECT_TABLE, c"outbox".as_ptr());
+        }
+
+        let estate = pg_sys::CreateExecutorState();
+        let mut rte = PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry);
+        rte.rtekind = pg_sys::RTEKind::RTE_RELATION;
+        rte.relid = table;
+        rte.relkind = pg_sys::RELKIND_RELATION as std::ffi::c_char;
+        rte.rellockmode = lockmode;
+        pg_sys::ExecInitRangeTable(
+            estate,
+            pg_sys::lappend(std::ptr::null_mut(), rte.into_pg().cast()),
+        );
+        let result_rel =
+            PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo).into_pg();
+        pg_sys::InitResultRelInfo(result_rel, rel, 1, std::ptr::null_mut(), 0);
+        // Where AFTER ROW triggers look for the relation they fire on.
+        (*estate).es_opened_result_relations =
+            pg_sys::lappend((*estate).es_opened_result_relations, result_rel.cast());
+        (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
+        pg_sys::AfterTriggerBeginQuery();
+
+        let tupdesc = (*rel).rd_att;
+        let slot =
+            pg_sys::ExecInitExtraTupleSlot(estate, tupdesc, &raw const pg_sys::TTSOpsVirtual);
+        let natts = (*tupdesc).natts as usize;
+        let values = std::slice::from_raw_parts_mut((*slot).tts_values, natts);
+        let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
+        let mut id_at = None;
+        for (at, attribute) in (*tupdesc).attrs.as_slice(natts).iter().enumerate() {
+            nulls[at] = true;
+            if attribute.attisdropped {
+                continue;
             }
-            INSERT_PLAN = prepare_insert(schema);
-            INSERT_PLAN_SCHEMA = schema;
+            let name = CStr::from_ptr(attribute.attname.data.as_ptr()).to_bytes();
+            let value = match COLUMNS.iter().position(|c| *c == name) {
+                Some(0) => {
+                    id_at = Some(at);
+                    direct_function_call_as_datum(pg_sys::nextval_oid, &[sequence.into_datum()])
+                }
+                Some(1) => Some(topic),
+                Some(2) => Some(payload),
+                Some(3) => Some(pg_sys::GetCurrentTransactionStartTimestamp().into()),
+                Some(5) => 0_i32.into_datum(),
+                _ => None,
+            };
+            if let Some(value) = value {
+                values[at] = value;
+                nulls[at] = false;
+            }
         }
-        let mut values = [topic, payload];
-        let nulls = [b' ' as c_char, b' ' as c_char];
-        let rc =
-            pg_sys::SPI_execute_plan(INSERT_PLAN, values.as_mut_ptr(), nulls.as_ptr(), false, 1);
-        if rc != pg_sys::SPI_OK_INSERT_RETURNING as i32 || pg_sys::SPI_processed != 1 {
-            error!("outbox_enqueue: the insert into outbox failed (SPI result {rc})");
+        let Some(id_at) = id_at else {
+            error!("outbox_enqueue: the outbox table has no id column");
+        };
+        pg_sys::ExecStoreVirtualTuple(slot);
+
+        pg_sys::ExecOpenIndices(result_rel, false);
+        pg_sys::ExecSimpleRelationInsert(result_rel, estate, slot);
+        pg_sys::ExecCloseIndices(result_rel);
+        pg_sys::AfterTriggerEndQuery(estate);
+        // A BEFORE trigger may have changed the row, or skipped it.
+        let inserted = (*slot).tts_tid.ip_posid != 0;
+        let id = std::slice::from_raw_parts((*slot).tts_values, natts)[id_at].value() as i64;
+        pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
+        pg_sys::FreeExecutorState(estate);
+        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        if !inserted {
+            error!("outbox_enqueue: a trigger on outbox skipped the insert");
         }
-        let table = pg_sys::SPI_tuptable;
-        let mut is_null = false;
-        let id = pg_sys::SPI_getbinval(*(*table).vals, (*table).tupdesc, 1, &mut is_null);
-        pg_sys::SPI_finish();
-        id.value() as i64
+        // Later statements of this command see the row, as after a statement run through SPI.
+        pg_sys::CommandCounterIncrement();
+        id
     }
 }
 
 /// `pg_notify(channel, topic)`: PostgreSQL delivers it at commit and collapses duplicates.
-fn notify(channel: *const c_char, topic: &str) {
+///
+/// # Safety
+/// `topic` must be a non-null text datum.
+unsafe fn notify(channel: *const std::ffi::c_char, topic: pg_sys::Datum) {
     // SAFETY: `channel` is the NUL-terminated GUC value; pg_notify copies both arguments.
     unsafe {
         let channel = CStr::from_ptr(channel).to_str().unwrap_or_default();
-        direct_function_call_as_datum(
-            pg_sys::pg_notify,
-            &[channel.into_datum(), topic.into_datum()],
-        );
+        direct_function_call_as_datum(pg_sys::pg_notify, &[channel.into_datum(), Some(topic)]);
     }
 }
 
@@ -241,37 +305,39 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_topics() {
-        assert_eq!(check_topic("account.created"), Ok(()));
-        assert_eq!(check_topic("orders/eu-west:v2 ünïcode"), Ok(()));
-        assert_eq!(check_topic(&"x".repeat(MAX_TOPIC_BYTES)), Ok(()));
+        assert_eq!(check_topic("account.created".as_bytes()), Ok(()));
+        assert_eq!(check_topic("orders/eu-west:v2 ünïcode".as_bytes()), Ok(()));
+        assert_eq!(check_topic("x".repeat(MAX_TOPIC_BYTES).as_bytes()), Ok(()));
+        // U+00A0 and U+00A1 share the C1 controls' lead byte and are not controls.
+        assert_eq!(check_topic("a\u{a0}\u{a1}".as_bytes()), Ok(()));
     }
 
     #[test]
     fn refuses_empty_long_and_control_topics() {
-        assert_eq!(check_topic(""), Err(InputError::EmptyTopic));
+        assert_eq!(check_topic("".as_bytes()), Err(InputError::EmptyTopic));
         assert_eq!(
-            check_topic(&"x".repeat(MAX_TOPIC_BYTES + 1)),
+            check_topic("x".repeat(MAX_TOPIC_BYTES + 1).as_bytes()),
             Err(InputError::TopicTooLong(MAX_TOPIC_BYTES + 1))
         );
         // The limit is in bytes: 129 two-byte characters are 258 bytes.
         assert_eq!(
-            check_topic(&"é".repeat(129)),
+            check_topic("é".repeat(129).as_bytes()),
             Err(InputError::TopicTooLong(258))
         );
         assert_eq!(
-            check_topic("a\nb"),
+            check_topic("a\nb".as_bytes()),
             Err(InputError::TopicControlCharacter(1))
         );
         assert_eq!(
-            check_topic("tab\there"),
+            check_topic("tab\there".as_bytes()),
             Err(InputError::TopicControlCharacter(3))
         );
         assert_eq!(
-            check_topic("del\u{7f}"),
+            check_topic("del\u{7f}".as_bytes()),
             Err(InputError::TopicControlCharacter(3))
         );
         assert_eq!(
-            check_topic("c1\u{85}"),
+            check_topic("c1\u{9f}".as_bytes()),
             Err(InputError::TopicControlCharacter(2))
         );
     }

@@ -80,6 +80,90 @@ fn a_committed_enqueue_is_visible_with_its_id() {
     assert!(next > id, "ids grow: {next} after {id}");
 }
 
+/// The row goes in as an INSERT's would: the table's defaults, visible to the transaction's
+/// next statement, several per statement, a large payload stored out of line, and row
+/// triggers fired (a BEFORE trigger's change is what is stored and what the id says).
+#[test]
+fn an_enqueued_row_behaves_like_an_inserted_one() {
+    let pg = server();
+    let mut client = pg.with_extension();
+    let mut tx = client.transaction().unwrap();
+    let ids: Vec<i64> = tx
+        .query(
+            "SELECT outbox_enqueue('many', jsonb_build_object('n', g)) FROM generate_series(1, 3) g",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    let hand: i64 = tx
+        .query_one(
+            "INSERT INTO outbox (topic, payload) VALUES ('hand', '{}') RETURNING id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(hand > ids[2], "the sequence is shared with plain inserts");
+    // Same defaults as the plain insert; seen by the next statement of the transaction.
+    let same: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM outbox o, outbox h
+             WHERE h.topic = 'hand' AND o.topic = 'many'
+               AND o.created_at = h.created_at AND o.created_at = now()
+               AND o.attempts = 0 AND o.published_at IS NULL AND o.last_error IS NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(same, 3);
+    tx.commit().unwrap();
+
+    // 600 kB of JSON, stored compressed or out of line, comes back whole.
+    let big: i64 = client
+        .query_one(
+            "SELECT outbox_enqueue('big', jsonb_build_object('blob', \
+             (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 20000) g)))",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let length: i32 = client
+        .query_one(
+            "SELECT length(payload->>'blob') FROM outbox WHERE id = $1",
+            &[&big],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(length, 640_000);
+
+    client
+        .batch_execute(
+            "CREATE TABLE audit (event bigint, topic text);
+             CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN NEW.payload := NEW.payload || '{\"stamped\": true}'; RETURN NEW; END $$;
+             CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO audit VALUES (NEW.id, NEW.topic); RETURN NULL; END $$;
+             CREATE TRIGGER stamp BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION stamp();
+             CREATE TRIGGER audit AFTER INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION audit();",
+        )
+        .unwrap();
+    let id: i64 = client
+        .query_one("SELECT outbox_enqueue('audited', '{\"a\": 1}')", &[])
+        .unwrap()
+        .get(0);
+    let row = client
+        .query_one(
+            "SELECT o.payload::text, a.event FROM outbox o JOIN audit a ON a.event = o.id
+             WHERE o.topic = 'audited'",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), r#"{"a": 1, "stamped": true}"#);
+    assert_eq!(row.get::<_, i64>(1), id);
+}
+
 #[test]
 fn notify_arrives_only_after_commit() {
     let pg = server();
