@@ -567,3 +567,67 @@ fn large_batches_go_out_in_chunks_around_a_poison_event() {
     );
     assert_eq!(pg.pending(), 1);
 }
+
+/// The relay's plans walk indexes whatever the statistics said when they were made: plans made
+/// while the table held a page are kept through the burst that follows, and must not scan it.
+#[test]
+fn plans_made_on_a_small_table_never_scan_it_during_a_burst() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.max_attempts", "100")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    client.batch_execute("VACUUM ANALYZE outbox").unwrap();
+    // A stream key holding a hash: its event is rejected, so the failure statement is planned
+    // on the small table too.
+    redis::cmd("HSET")
+        .arg("rejected")
+        .arg("f")
+        .arg("v")
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
+    client
+        .batch_execute("SELECT outbox_enqueue('rejected', '{}')")
+        .unwrap();
+    // Events one at a time: each its own pass, enough for the plan cache to settle on the
+    // plans it keeps (it tries five custom plans first).
+    for n in 1..=10 {
+        client
+            .batch_execute("SELECT outbox_enqueue('small', '{}')")
+            .unwrap();
+        assert!(wait_until(Duration::from_secs(10), || redis.xlen("small") == n));
+    }
+    let stats = |client: &mut postgres::Client| -> (i64, i64) {
+        let row = client
+            .query_one(
+                "SELECT seq_scan, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox'",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || stats(&mut client).1 >= 11),
+        "the worker's first updates never reached the statistics"
+    );
+    let (scans_before, updated_before) = stats(&mut client);
+
+    enqueue_many(&mut client, "burst", 20_000);
+    assert!(
+        wait_until(Duration::from_secs(60), || redis.xlen("burst") == 20_000),
+        "the burst was not relayed"
+    );
+    // The worker flushes its statistics after each pass; wait until they show the burst.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            stats(&mut client).1 >= updated_before + 20_000
+        }),
+        "the burst's updates never reached the statistics"
+    );
+    let (scans_after, _) = stats(&mut client);
+    assert_eq!(
+        scans_after,
+        scans_before,
+        "the relay scanned the outbox table {} times during the burst",
+        scans_after - scans_before
+    );
+}

@@ -66,11 +66,12 @@ impl Statements {
                 &[pg_sys::INT8ARRAYOID],
             ),
             fail: prepare(
+                // No join: the plan stays an index scan of the primary key.
                 &format!(
                     "UPDATE {s}.outbox o \
-                     SET published_at = NULL, attempts = o.attempts + 1, last_error = f.error \
-                     FROM unnest($1::bigint[], $2::text[]) AS f(id, error) \
-                     WHERE o.id = f.id RETURNING o.id, o.attempts, o.topic, o.last_error"
+                     SET published_at = NULL, attempts = o.attempts + 1, \
+                         last_error = ($2::text[])[array_position($1, o.id)] \
+                     WHERE o.id = ANY($1) RETURNING o.id, o.attempts, o.topic, o.last_error"
                 ),
                 &[pg_sys::INT8ARRAYOID, pg_sys::TEXTARRAYOID],
             ),
