@@ -20,6 +20,8 @@ use common::{wait_until, Client, Pg, Redis};
 const REPS: usize = 3;
 /// Repetitions of the relay throughput cases, the noisiest figures.
 const RELAY_REPS: usize = 5;
+/// Runs of each write case: pgbench figures swing most between runs on a shared machine.
+const WRITE_REPS: usize = 5;
 const PGBENCH_SECONDS: u32 = 8;
 const BACKLOG: i64 = 200_000;
 
@@ -112,7 +114,7 @@ fn pgbench(pg: &Pg, script: &str, clients: u32) -> f64 {
 }
 
 fn write_cost(pg: &Pg, report: &mut Report) {
-    println!("1. write cost (pgbench, {PGBENCH_SECONDS} s x {REPS}, relay running)");
+    println!("1. write cost (pgbench, {PGBENCH_SECONDS} s x {WRITE_REPS}, relay running)");
     let mut admin = pg.connect();
     admin
         .batch_execute(
@@ -140,8 +142,15 @@ fn write_cost(pg: &Pg, report: &mut Report) {
     ];
     for clients in [1, 8] {
         let mut tps: HashMap<&str, Vec<f64>> = HashMap::new();
-        for _ in 0..REPS {
-            for (name, script, channel) in &cases {
+        for rep in 0..WRITE_REPS {
+            // Every other run goes backwards, so that a drift in the machine's load does not
+            // favour the cases that come first.
+            let order: Vec<_> = if rep % 2 == 0 {
+                cases.iter().collect()
+            } else {
+                cases.iter().rev().collect()
+            };
+            for (name, script, channel) in order {
                 admin.batch_execute("TRUNCATE accounts, outbox").unwrap();
                 let channel = channel.unwrap_or("outbox");
                 admin
@@ -408,8 +417,21 @@ fn latency(pg: &Pg, redis: &Redis, report: &mut Report) {
         seen
     });
     ready_rx.recv().unwrap();
-    thread::sleep(Duration::from_millis(200));
     let mut client = pg.connect();
+    // Latency is measured on a vacuumed table and a quiet server: the earlier cases leave
+    // autovacuum work behind, which would otherwise land in the tail.
+    fresh_table(&mut client);
+    wait_until(Duration::from_secs(120), || {
+        let running: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        running == 0
+    });
+    thread::sleep(Duration::from_millis(200));
     client
         .batch_execute("SET outbox.notify_channel = ''")
         .unwrap();
@@ -568,7 +590,7 @@ fn main() {
         .unwrap_or_default();
     let table = report.markdown();
     let text = format!(
-        "# Benchmarks\n\nProduced by `make bench` on {} cores ({cpu}), in {:.0} s. Medians of {REPS} runs ({RELAY_REPS} for the relay cases). \
+        "# Benchmarks\n\nProduced by `make bench` on {} cores ({cpu}), in {:.0} s. Medians of {REPS} runs ({WRITE_REPS} for the write cases, {RELAY_REPS} for the relay cases). \
          PostgreSQL 15 with fsync off, extension release build, one relay worker, Redis on the same machine. \
          Ratios compare each figure with the baseline measured in the same run.\n\n{table}",
         thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
