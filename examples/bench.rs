@@ -151,7 +151,11 @@ fn write_cost(pg: &Pg, report: &mut Report) {
                 cases.iter().rev().collect()
             };
             for (name, script, channel) in order {
-                admin.batch_execute("TRUNCATE accounts, outbox").unwrap();
+                // Each run starts empty and right after a checkpoint, so that no run pays for
+                // a checkpoint the others escape.
+                admin
+                    .batch_execute("TRUNCATE accounts, outbox; CHECKPOINT")
+                    .unwrap();
                 let channel = channel.unwrap_or("outbox");
                 admin
                     .batch_execute(&format!(
@@ -419,8 +423,10 @@ fn latency(pg: &Pg, redis: &Redis, report: &mut Report) {
     ready_rx.recv().unwrap();
     let mut client = pg.connect();
     // Latency is measured on a vacuumed table and a quiet server: the earlier cases leave
-    // autovacuum work behind, which would otherwise land in the tail.
+    // autovacuum work and a checkpoint's worth of dirty pages behind, which would otherwise
+    // land in the tail.
     fresh_table(&mut client);
+    client.batch_execute("CHECKPOINT").unwrap();
     wait_until(Duration::from_secs(120), || {
         let running: i64 = client
             .query_one(
