@@ -38,39 +38,33 @@ pub fn stream_key(prefix: &str, topic: &str) -> String {
 /// inserts are cheapest.
 pub const MARKER_SHARD: i64 = 64;
 
-/// Where the dedupe markers of one stream's ids `shard * MARKER_SHARD ..` live while the
-/// relay's clock reads `now_ms`.
+/// The period of `outbox.dedupe_ttl` the relay's clock reads `now_ms` in.
 ///
-/// Markers go to one hash per stream, shard of ids and period of `outbox.dedupe_ttl`. A hash
-/// expires at the end of the period after its own, so a marker lives at least one TTL and at
-/// most two, and a lookup consults the current period's hash and the one before.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MarkerKeys {
-    /// The hash new markers go to.
-    pub current: String,
-    /// The previous period's hash, still consulted.
-    pub previous: String,
-    /// When `current` expires, in Unix milliseconds.
+/// Markers go to one hash per stream, shard of ids and period. A hash expires at the end of the
+/// period after its own, so a marker lives at least one TTL and at most two, and a lookup
+/// consults the current period's hash and the one before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MarkerPeriod {
+    /// The period new markers go to.
+    pub current: u64,
+    /// When the current period's hashes expire, in Unix milliseconds.
     pub expires_at_ms: u64,
 }
 
-/// The marker hashes of `stream` and `shard` at `now_ms` for a lifetime of `ttl_ms`.
-/// `namespace` tells apart the databases that share a Redis.
-pub fn marker_keys(
-    namespace: &str,
-    stream: &str,
-    shard: i64,
-    now_ms: u64,
-    ttl_ms: u64,
-) -> MarkerKeys {
+/// The marker period at `now_ms` for a lifetime of `ttl_ms`.
+pub fn marker_period(now_ms: u64, ttl_ms: u64) -> MarkerPeriod {
     let ttl_ms = ttl_ms.max(1);
-    let period = now_ms / ttl_ms;
-    let key = |period: u64| format!("outbox:dedupe:{namespace}:{period}:{shard}:{stream}");
-    MarkerKeys {
-        current: key(period),
-        previous: key(period.saturating_sub(1)),
-        expires_at_ms: (period + 2) * ttl_ms,
+    let current = now_ms / ttl_ms;
+    MarkerPeriod {
+        current,
+        expires_at_ms: (current + 2) * ttl_ms,
     }
+}
+
+/// The hash holding the markers of `stream`'s ids `shard * MARKER_SHARD ..` written during
+/// `period`. `namespace` tells apart the databases that share a Redis.
+pub fn marker_key(namespace: &str, period: u64, shard: i64, stream: &str) -> String {
+    format!("outbox:dedupe:{namespace}:{period}:{shard}:{stream}")
 }
 
 /// Splits positions (of events in id order) into runs whose ids share a marker shard, keeping
@@ -186,20 +180,25 @@ mod tests {
     #[test]
     fn markers_live_between_one_and_two_lifetimes() {
         let day = 86_400_000;
-        let keys = marker_keys("42.5", "app:a.b", 3, 20_000 * day + 5, day);
-        assert_eq!(keys.current, "outbox:dedupe:42.5:20000:3:app:a.b");
-        assert_eq!(keys.previous, "outbox:dedupe:42.5:19999:3:app:a.b");
-        assert_eq!(keys.expires_at_ms, 20_002 * day);
+        let period = marker_period(20_000 * day + 5, day);
+        assert_eq!(
+            marker_key("42.5", period.current, 3, "app:a.b"),
+            "outbox:dedupe:42.5:20000:3:app:a.b"
+        );
+        assert_eq!(
+            marker_key("42.5", period.current - 1, 3, "app:a.b"),
+            "outbox:dedupe:42.5:19999:3:app:a.b"
+        );
+        assert_eq!(period.expires_at_ms, 20_002 * day);
         for now in [0, 1, 999, 1000, 1001, 123_456_789] {
-            let keys = marker_keys("n", "s", 0, now, 1000);
-            let life = keys.expires_at_ms - now;
+            let life = marker_period(now, 1000).expires_at_ms - now;
             assert!((1000..=2000).contains(&life), "{now}: {life}");
         }
         // A marker written in the previous period is still consulted.
-        let then = marker_keys("n", "s", 0, 1500, 1000);
-        let later = marker_keys("n", "s", 0, 2999, 1000);
-        assert_eq!(later.previous, then.current);
-        assert_eq!(marker_keys("n", "s", 0, 5, 0).expires_at_ms, 7);
+        let then = marker_period(1500, 1000);
+        let later = marker_period(2999, 1000);
+        assert_eq!(later.current - 1, then.current);
+        assert_eq!(marker_period(5, 0).expires_at_ms, 7);
     }
 
     #[test]

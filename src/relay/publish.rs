@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use redis::Value;
 
-use super::encode::{group_by_stream, marker_keys, shard_runs, Event};
+use super::encode::{group_by_stream, marker_key, marker_period, rfc3339, shard_runs, Event};
 use crate::redis_url;
 
 const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
@@ -220,10 +220,12 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
         markers: Vec::new(),
     };
     if target.dedupe {
-        let ttl_ms = target.dedupe_ttl.as_millis().max(1) as u64;
+        let ttl_ms = target.dedupe_ttl.as_millis() as u64;
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
+        let period = marker_period(now_ms, ttl_ms);
+        let namespace = &target.marker_namespace;
         for (stream, positions) in group_by_stream(&target.stream_prefix, &request.events) {
             let runs = shard_runs(&request.events, &positions);
             let cmd = pipe
@@ -231,14 +233,17 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
                 .arg(dedupe_script_sha())
                 .arg(1 + 2 * runs.len())
                 .arg(&stream);
-            let mut keys = Vec::with_capacity(runs.len());
-            for (shard, _) in &runs {
-                let k = marker_keys(&target.marker_namespace, &stream, *shard, now_ms, ttl_ms);
-                cmd.arg(&k.current).arg(&k.previous);
-                keys.push(k);
+            for (shard, run) in &runs {
+                let current = marker_key(namespace, period.current, *shard, &stream);
+                let previous =
+                    marker_key(namespace, period.current.saturating_sub(1), *shard, &stream);
+                cmd.arg(&current).arg(previous);
+                layout.markers.push(Markers {
+                    hash: current,
+                    ids: run.iter().map(|&p| request.events[p].id).collect(),
+                });
             }
-            cmd.arg(target.stream_maxlen)
-                .arg(keys.first().map_or(0, |k| k.expires_at_ms));
+            cmd.arg(target.stream_maxlen).arg(period.expires_at_ms);
             for (_, run) in &runs {
                 cmd.arg(run.len());
             }
@@ -246,16 +251,10 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
                 cmd.arg(request.events[p].id);
             }
             for &p in &positions {
-                let [_, topic, payload, created_at] = request.events[p].fields();
-                cmd.arg(topic.1.as_ref())
-                    .arg(payload.1.as_ref())
-                    .arg(created_at.1.as_ref());
-            }
-            for ((_, run), k) in runs.iter().zip(keys) {
-                layout.markers.push(Markers {
-                    hash: k.current,
-                    ids: run.iter().map(|&p| request.events[p].id).collect(),
-                });
+                let event = &request.events[p];
+                cmd.arg(&event.topic)
+                    .arg(&event.payload)
+                    .arg(rfc3339(event.created_at));
             }
             layout.commands.push(positions);
         }
