@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Client, Pg, Redis};
+use common::{bindir, wait_until, Client, Pg, Redis};
 
 /// Repetitions of each measured case; the table shows medians.
 const REPS: usize = 3;
@@ -60,32 +60,13 @@ impl Report {
     }
 }
 
-fn bindir() -> String {
-    let pg_config = std::env::var("PG_CONFIG")
-        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
-    let out = Command::new(pg_config)
-        .arg("--bindir")
-        .output()
-        .expect("pg_config");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 /// Runs pgbench with `script` and returns its tps.
 fn pgbench(pg: &Pg, script: &str, clients: u32) -> f64 {
     let path = std::env::temp_dir().join(format!("outbox-bench-{}.sql", std::process::id()));
     std::fs::write(&path, script).unwrap();
-    let out = Command::new(format!("{}/pgbench", bindir()))
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &pg.port.to_string(),
-            "-U",
-            "postgres",
-            "-n",
-            "-M",
-            "prepared",
-        ])
+    let out = Command::new(bindir().join("pgbench"))
+        .args(pg.client_args())
+        .args(["-n", "-M", "prepared"])
         .args([
             "-c",
             &clients.to_string(),

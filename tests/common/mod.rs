@@ -55,7 +55,8 @@ fn is_root() -> bool {
     run(Command::new("id").arg("-u")).trim() == "0"
 }
 
-fn bindir() -> PathBuf {
+/// PostgreSQL's program directory, from `$PG_CONFIG` (Debian's 15 by default).
+pub fn bindir() -> PathBuf {
     let pg_config = std::env::var("PG_CONFIG")
         .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
     PathBuf::from(run(Command::new(pg_config).arg("--bindir")).trim())
@@ -448,18 +449,8 @@ impl Pg {
         let dir = scratch_dir("standby");
         give_to_postgres(&dir);
         run(pg_command("pg_basebackup")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-R",
-                "-X",
-                "stream",
-                "-D",
-            ])
+            .args(self.client_args())
+            .args(["-R", "-X", "stream", "-D"])
             .arg(dir.join("data")));
         Pg::start_in(dir, settings)
     }
@@ -467,15 +458,22 @@ impl Pg {
     /// Runs a client program of PostgreSQL's (pg_dump, psql) against this server.
     pub fn client_program(&self, program: &str, args: &[&str]) -> String {
         run(Command::new(bindir().join(program))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-            ])
+            .args(self.client_args())
             .args(args))
+    }
+
+    /// The options that point a PostgreSQL client program at this server as `postgres`.
+    pub fn client_args(&self) -> Vec<String> {
+        [
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+        ]
+        .map(String::from)
+        .to_vec()
     }
 
     /// Number of outbox rows still unpublished.
