@@ -5,21 +5,18 @@
 //! it finds the table by the extension's schema, so a caller's objects cannot hijack it, and it
 //! spares every call the cost of a `SET search_path` clause.
 //!
-//! The row goes in through the executor's single-row insert, the one logical replication uses
-//! to apply a change (`ExecSimpleRelationInsert`): constraints, indexes and row triggers are
-//! handled as by `INSERT`, without planning or running a statement. Going through SPI cost
-//! about twice a plain `INSERT`'s executor time, which profiles of 8-client pgbench runs showed
-//! as the bulk of what `outbox_enqueue` added to a transaction. The arguments stay raw datums:
-//! the topic is checked as bytes and the payload is never converted to a Rust value.
+//! The row goes in through the executor's single-row insert (`src/insert.rs`). The arguments
+//! stay raw datums: the topic is checked as bytes and the payload is never converted to a Rust
+//! value.
 
 use std::ffi::CStr;
 
 use pgrx::fcinfo::{direct_function_call_as_datum, pg_arg_is_null, pg_getarg_datum_raw};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use pgrx::{pg_sys, varlena, IntoDatum, PgBox, PgLogLevel, PgSqlErrorCode};
+use pgrx::{pg_sys, varlena, IntoDatum, PgLogLevel, PgSqlErrorCode};
 
-use crate::{gucs, wake};
+use crate::{gucs, insert, wake};
 
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.
 pub const MAX_TOPIC_BYTES: usize = 256;
@@ -137,7 +134,7 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         }
 
         let schema = pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid);
-        let id = insert_event(schema, topic_datum, payload_datum);
+        let id = insert::insert_event(schema, topic_datum, payload_datum);
 
         if let Some(channel) = gucs::notify_channel_ptr() {
             notify(channel, topic_datum);
@@ -176,114 +173,6 @@ unsafe fn json_text_len(datum: pg_sys::Datum) -> usize {
             pgrx::varlena::varsize_any(jsonb.cast()) as i32,
         );
         CStr::from_ptr(text).to_bytes().len()
-    }
-}
-
-/// The `outbox` table's columns, as created by `sql/outbox.sql`.
-const COLUMNS: [&[u8]; 7] = [
-    b"id",
-    b"topic",
-    b"payload",
-    b"created_at",
-    b"published_at",
-    b"attempts",
-    b"last_error",
-];
-
-/// Inserts the event into the `outbox` table of schema `schema` and returns its id.
-///
-/// The columns' defaults are those of `sql/outbox.sql`: the next value of `outbox_id_seq`,
-/// `now()`, and 0 attempts; the others are null. Columns added by hand would be null.
-///
-/// # Safety
-/// Both datums must be non-null, of types text and jsonb.
-unsafe fn insert_event(schema: pg_sys::Oid, topic: pg_sys::Datum, payload: pg_sys::Datum) -> i64 {
-    // SAFETY: executor calls on the backend's only thread, in the order logical replication's
-    // apply worker makes them for one row. An error anywhere aborts the transaction, whose
-    // cleanup closes the relation and frees the executor state's memory.
-    unsafe {
-        let table = pg_sys::get_relname_relid(c"outbox".as_ptr(), schema);
-        let sequence = pg_sys::get_relname_relid(c"outbox_id_seq".as_ptr(), schema);
-        if table == pg_sys::InvalidOid || sequence == pg_sys::InvalidOid {
-            error!("outbox_enqueue: the extension's outbox table or its id sequence is missing");
-        }
-        let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-        let rel = pg_sys::table_open(table, lockmode);
-        // As an INSERT would; the function runs as the table's owner.
-        let acl = pg_sys::pg_class_aclcheck(table, pg_sys::GetUserId(), pg_sys::ACL_INSERT);
-        if acl != pg_sys::AclResult::ACLCHECK_OK {
-            pg_sys::aclcheck_error(acl, pg_sys::ObjectType::OBJECT_TABLE, c"outbox".as_ptr());
-        }
-
-        let estate = pg_sys::CreateExecutorState();
-        let mut rte = PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry);
-        rte.rtekind = pg_sys::RTEKind::RTE_RELATION;
-        rte.relid = table;
-        rte.relkind = pg_sys::RELKIND_RELATION as std::ffi::c_char;
-        rte.rellockmode = lockmode;
-        pg_sys::ExecInitRangeTable(
-            estate,
-            pg_sys::lappend(std::ptr::null_mut(), rte.into_pg().cast()),
-        );
-        let result_rel =
-            PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo).into_pg();
-        pg_sys::InitResultRelInfo(result_rel, rel, 1, std::ptr::null_mut(), 0);
-        // Where AFTER ROW triggers look for the relation they fire on.
-        (*estate).es_opened_result_relations =
-            pg_sys::lappend((*estate).es_opened_result_relations, result_rel.cast());
-        (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
-        pg_sys::AfterTriggerBeginQuery();
-
-        let tupdesc = (*rel).rd_att;
-        let slot =
-            pg_sys::ExecInitExtraTupleSlot(estate, tupdesc, &raw const pg_sys::TTSOpsVirtual);
-        let natts = (*tupdesc).natts as usize;
-        let values = std::slice::from_raw_parts_mut((*slot).tts_values, natts);
-        let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
-        let mut id_at = None;
-        for (at, attribute) in (*tupdesc).attrs.as_slice(natts).iter().enumerate() {
-            nulls[at] = true;
-            if attribute.attisdropped {
-                continue;
-            }
-            let name = CStr::from_ptr(attribute.attname.data.as_ptr()).to_bytes();
-            let value = match COLUMNS.iter().position(|c| *c == name) {
-                Some(0) => {
-                    id_at = Some(at);
-                    direct_function_call_as_datum(pg_sys::nextval_oid, &[sequence.into_datum()])
-                }
-                Some(1) => Some(topic),
-                Some(2) => Some(payload),
-                Some(3) => Some(pg_sys::GetCurrentTransactionStartTimestamp().into()),
-                Some(5) => 0_i32.into_datum(),
-                _ => None,
-            };
-            if let Some(value) = value {
-                values[at] = value;
-                nulls[at] = false;
-            }
-        }
-        let Some(id_at) = id_at else {
-            error!("outbox_enqueue: the outbox table has no id column");
-        };
-        pg_sys::ExecStoreVirtualTuple(slot);
-
-        pg_sys::ExecOpenIndices(result_rel, false);
-        pg_sys::ExecSimpleRelationInsert(result_rel, estate, slot);
-        pg_sys::ExecCloseIndices(result_rel);
-        pg_sys::AfterTriggerEndQuery(estate);
-        // A BEFORE trigger may have changed the row, or skipped it.
-        let inserted = (*slot).tts_tid.ip_posid != 0;
-        let id = std::slice::from_raw_parts((*slot).tts_values, natts)[id_at].value() as i64;
-        pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
-        pg_sys::FreeExecutorState(estate);
-        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        if !inserted {
-            error!("outbox_enqueue: a trigger on outbox skipped the insert");
-        }
-        // Later statements of this command see the row, as after a statement run through SPI.
-        pg_sys::CommandCounterIncrement();
-        id
     }
 }
 

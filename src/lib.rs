@@ -10,6 +10,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 mod enqueue;
 mod gucs;
+mod insert;
 mod redis_url;
 mod relay;
 mod shmem;

@@ -164,6 +164,106 @@ fn an_enqueued_row_behaves_like_an_inserted_one() {
     assert_eq!(row.get::<_, i64>(1), id);
 }
 
+/// Checks every index of `outbox` against the table: each row that belongs in an index is in it.
+fn check_indexes(client: &mut Client) {
+    client
+        .batch_execute(
+            "SELECT bt_index_check(i.indexrelid, true) FROM pg_index i
+             WHERE i.indrelid = 'outbox'::regclass",
+        )
+        .unwrap();
+}
+
+/// A session keeps what its inserts need between calls (the table, its columns, its indexes);
+/// changes made by other sessions, and by a trigger in the middle of an insert, must reach it.
+#[test]
+fn the_insert_follows_changes_made_to_the_table() {
+    let pg = server();
+    let mut app = pg.with_extension();
+    let mut admin = pg.connect();
+    admin.batch_execute("CREATE EXTENSION amcheck").unwrap();
+    let enqueue = |client: &mut Client, topic: &str, payload: &str| {
+        client.query_one(
+            "SELECT outbox_enqueue($1, $2::text::jsonb)",
+            &[&topic, &payload],
+        )
+    };
+    enqueue(&mut app, "unique.a", "{}").unwrap();
+
+    // A partial unique index on a column, made by another session: the next call maintains it.
+    admin
+        .batch_execute(
+            "CREATE UNIQUE INDEX one_per_topic ON outbox (topic) WHERE topic LIKE 'unique.%'",
+        )
+        .unwrap();
+    enqueue(&mut app, "unique.b", "{}").unwrap();
+    let error = enqueue(&mut app, "unique.b", "{}").unwrap_err();
+    assert_eq!(sqlstate(&error), "23505");
+    // Rows its predicate leaves out are not in it.
+    enqueue(&mut app, "other", "{}").unwrap();
+    enqueue(&mut app, "other", "{}").unwrap();
+    check_indexes(&mut admin);
+    admin.batch_execute("DROP INDEX one_per_topic").unwrap();
+    enqueue(&mut app, "unique.b", "{}").unwrap();
+
+    // An index on an expression.
+    admin
+        .batch_execute("CREATE UNIQUE INDEX one_per_key ON outbox ((payload->>'key'))")
+        .unwrap();
+    enqueue(&mut app, "keyed", r#"{"key": "k"}"#).unwrap();
+    let error = enqueue(&mut app, "keyed", r#"{"key": "k"}"#).unwrap_err();
+    assert_eq!(sqlstate(&error), "23505");
+    check_indexes(&mut admin);
+    admin.batch_execute("DROP INDEX one_per_key").unwrap();
+
+    // A trigger that changes the table's catalog entry and enqueues again, in the middle of
+    // the outer insert: the inner call builds afresh while the outer one still inserts.
+    admin
+        .batch_execute(
+            "CREATE FUNCTION nest() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.topic = 'outer' THEN
+                 GRANT SELECT ON outbox TO PUBLIC;
+                 PERFORM outbox_enqueue('inner', '{}');
+               END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER nest BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION nest();",
+        )
+        .unwrap();
+    for _ in 0..3 {
+        enqueue(&mut app, "outer", "{}").unwrap();
+    }
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM outbox WHERE topic IN ('outer', 'inner')"
+        ),
+        6
+    );
+    check_indexes(&mut admin);
+    let unpublished = count(&mut admin, "SELECT count(*) FROM outbox");
+    admin
+        .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        .unwrap();
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+        ),
+        unpublished,
+        "the partial index holds every unpublished row"
+    );
+
+    // The extension dropped and created again: the next call finds the new table.
+    admin
+        .batch_execute("DROP EXTENSION outbox CASCADE; CREATE EXTENSION outbox")
+        .unwrap();
+    let id: i64 = enqueue(&mut app, "again", "{}").unwrap().get(0);
+    assert_eq!(id, 1, "the new table's sequence starts again");
+    assert_eq!(count(&mut admin, "SELECT count(*) FROM outbox"), 1);
+}
+
 #[test]
 fn notify_arrives_only_after_commit() {
     let pg = server();

@@ -1,0 +1,445 @@
+//! The row's way into `outbox`: the executor's single-row insert, with what an `INSERT`'s cached
+//! plan keeps between executions kept here for the backend's life.
+//!
+//! The row goes in through `ExecSimpleRelationInsert`, the insert logical replication uses to
+//! apply a change: constraints, indexes and row triggers are handled as by `INSERT`, without
+//! planning or running a statement. Going through SPI cost about twice a plain `INSERT`'s
+//! executor time, which profiles of 8-client pgbench runs showed as the bulk of what
+//! `outbox_enqueue` added to a transaction.
+//!
+//! Each call opens the table and its indexes under `RowExclusiveLock`, as an `INSERT` does. What
+//! does not change between calls is built once, in a memory context of its own: the table's and
+//! the sequence's OIDs, the columns' positions, and each index's `IndexInfo` with its predicate
+//! ready to evaluate. `ExecOpenIndices` rebuilt these on every call, and put the partial index's
+//! predicate through the planner each time. A relcache invalidation of the table, the sequence or
+//! an index (DDL, `ANALYZE`, `DROP EXTENSION`) makes the next call build them again, so they are
+//! exactly as fresh as the relcache entries they come from.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
+use std::rc::Rc;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgBox;
+
+extern "C-unwind" {
+    /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
+    /// pgrx binds no header that declares it, so calls go through `pg_guard_ffi_boundary`.
+    fn nextval_internal(relid: pg_sys::Oid, check_permissions: bool) -> i64;
+}
+
+/// The sequence's next value, as `nextval(sequence)` returns it.
+///
+/// # Safety
+/// Must run inside a transaction; `sequence` must be a sequence's OID.
+unsafe fn nextval(sequence: pg_sys::Oid) -> i64 {
+    // SAFETY: guaranteed by the caller; an ERROR becomes a Rust panic at the boundary.
+    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, true)) }
+}
+
+/// A value the backend's only thread keeps between calls. Statics are never dropped, so nothing
+/// here runs PostgreSQL code while the process exits.
+struct BackendLocal<T>(T);
+// SAFETY: a backend runs our code on one thread only; pgrx refuses calls from any other.
+unsafe impl<T> Sync for BackendLocal<T> {}
+
+/// The current target, if one was built.
+static TARGET: BackendLocal<RefCell<Option<Rc<Target>>>> = BackendLocal(RefCell::new(None));
+/// Counts relcache invalidations of the watched relations; a target is valid while it is equal.
+static GENERATION: BackendLocal<Cell<u64>> = BackendLocal(Cell::new(0));
+static CALLBACK_REGISTERED: BackendLocal<Cell<bool>> = BackendLocal(Cell::new(false));
+/// Set while a target is being built: any invalidation read meanwhile may concern it.
+static BUILDING: BackendLocal<Cell<bool>> = BackendLocal(Cell::new(false));
+
+/// Where the columns `outbox_enqueue` fills sit in the table's tuple descriptor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Columns {
+    pub id: Option<usize>,
+    pub topic: Option<usize>,
+    pub payload: Option<usize>,
+    pub created_at: Option<usize>,
+    pub attempts: Option<usize>,
+}
+
+impl Columns {
+    /// Finds the columns by name among the table's attributes, skipping dropped ones.
+    pub fn find<'a>(attributes: impl Iterator<Item = Option<&'a [u8]>>) -> Columns {
+        let mut columns = Columns::default();
+        for (at, name) in attributes.enumerate() {
+            let slot = match name {
+                Some(b"id") => &mut columns.id,
+                Some(b"topic") => &mut columns.topic,
+                Some(b"payload") => &mut columns.payload,
+                Some(b"created_at") => &mut columns.created_at,
+                Some(b"attempts") => &mut columns.attempts,
+                _ => continue,
+            };
+            *slot = Some(at);
+        }
+        columns
+    }
+}
+
+/// What one schema's `outbox` table needs for an insert, built once and shared by the calls
+/// that run while it is valid.
+struct Target {
+    schema: pg_sys::Oid,
+    generation: u64,
+    table: pg_sys::Oid,
+    sequence: pg_sys::Oid,
+    columns: Columns,
+    id: usize,
+    /// Each index with its `IndexInfo`, or `None` when an index is not a btree on plain columns
+    /// without an exclusion constraint: such indexes keep state that must not outlive a call,
+    /// so `ExecOpenIndices` builds them per call.
+    indexes: Option<Vec<(pg_sys::Oid, *mut pg_sys::IndexInfo)>>,
+    /// Holds the `IndexInfo`s; deleted when the last call using this target lets go of it.
+    context: pg_sys::MemoryContext,
+}
+
+impl Target {
+    fn watches(&self, relid: pg_sys::Oid) -> bool {
+        relid == self.table
+            || relid == self.sequence
+            || self
+                .indexes
+                .iter()
+                .flatten()
+                .any(|(index, _)| *index == relid)
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // SAFETY: the context was created for this target and nothing else points into it once
+        // the last reference to the target is gone.
+        unsafe { pg_sys::MemoryContextDelete(self.context) };
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let watched = BUILDING.0.get()
+        || match TARGET.0.try_borrow() {
+            Ok(target) => target
+                .as_ref()
+                .is_some_and(|t| relid == pg_sys::InvalidOid || t.watches(relid)),
+            Err(_) => true,
+        };
+    if watched {
+        GENERATION.0.set(GENERATION.0.get() + 1);
+    }
+}
+
+/// Runs `f` with `context` as the current memory context.
+///
+/// # Safety
+/// `context` must be a valid memory context.
+unsafe fn in_context<R>(context: pg_sys::MemoryContext, f: impl FnOnce() -> R) -> R {
+    struct Restore(pg_sys::MemoryContext);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: puts back the context that was current before.
+            unsafe { pg_sys::MemoryContextSwitchTo(self.0) };
+        }
+    }
+    // SAFETY: guaranteed by the caller; the guard restores the context, also on an error.
+    let _restore = Restore(unsafe { pg_sys::MemoryContextSwitchTo(context) });
+    f()
+}
+
+/// Inserts the event into the `outbox` table of schema `schema` and returns its id.
+///
+/// The columns' defaults are those of `sql/outbox.sql`: the next value of `outbox_id_seq`,
+/// the transaction's start time, and 0 attempts; the others are null. Columns added by hand
+/// would be null.
+///
+/// # Safety
+/// Both datums must be non-null, of types text and jsonb.
+pub unsafe fn insert_event(
+    schema: pg_sys::Oid,
+    topic: pg_sys::Datum,
+    payload: pg_sys::Datum,
+) -> i64 {
+    // SAFETY: executor calls on the backend's only thread, in the order logical replication's
+    // apply worker makes them for one row. An error anywhere aborts the transaction, whose
+    // cleanup closes the relations and frees the executor state's memory.
+    unsafe {
+        let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+        let (target, rel) = open(schema, lockmode);
+        // As an INSERT would; the function runs as the table's owner.
+        let acl = pg_sys::pg_class_aclcheck(target.table, pg_sys::GetUserId(), pg_sys::ACL_INSERT);
+        if acl != pg_sys::AclResult::ACLCHECK_OK {
+            pg_sys::aclcheck_error(acl, pg_sys::ObjectType::OBJECT_TABLE, c"outbox".as_ptr());
+        }
+
+        let estate = pg_sys::CreateExecutorState();
+        let mut rte = PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry);
+        rte.rtekind = pg_sys::RTEKind::RTE_RELATION;
+        rte.relid = target.table;
+        rte.relkind = pg_sys::RELKIND_RELATION as std::ffi::c_char;
+        rte.rellockmode = lockmode;
+        pg_sys::ExecInitRangeTable(
+            estate,
+            pg_sys::lappend(std::ptr::null_mut(), rte.into_pg().cast()),
+        );
+        let result_rel =
+            PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo).into_pg();
+        pg_sys::InitResultRelInfo(result_rel, rel, 1, std::ptr::null_mut(), 0);
+        // Where AFTER ROW triggers look for the relation they fire on.
+        (*estate).es_opened_result_relations =
+            pg_sys::lappend((*estate).es_opened_result_relations, result_rel.cast());
+        (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
+        pg_sys::AfterTriggerBeginQuery();
+
+        let tupdesc = (*rel).rd_att;
+        let slot =
+            pg_sys::ExecInitExtraTupleSlot(estate, tupdesc, &raw const pg_sys::TTSOpsVirtual);
+        let natts = (*tupdesc).natts as usize;
+        let values = std::slice::from_raw_parts_mut((*slot).tts_values, natts);
+        let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
+        nulls.fill(true);
+        let columns = target.columns;
+        let mut set = |at: Option<usize>, value: pg_sys::Datum| {
+            if let Some(at) = at {
+                values[at] = value;
+                nulls[at] = false;
+            }
+        };
+        set(columns.id, nextval(target.sequence).into());
+        set(columns.topic, topic);
+        set(columns.payload, payload);
+        set(
+            columns.created_at,
+            pg_sys::GetCurrentTransactionStartTimestamp().into(),
+        );
+        set(columns.attempts, pg_sys::Datum::from(0_i32));
+        pg_sys::ExecStoreVirtualTuple(slot);
+
+        match &target.indexes {
+            Some(indexes) => open_indexes(result_rel, indexes),
+            None => pg_sys::ExecOpenIndices(result_rel, false),
+        }
+        pg_sys::ExecSimpleRelationInsert(result_rel, estate, slot);
+        close_indexes(result_rel, target.indexes.is_some());
+        pg_sys::AfterTriggerEndQuery(estate);
+        // A BEFORE trigger may have changed the row, or skipped it.
+        let inserted = (*slot).tts_tid.ip_posid != 0;
+        let id = std::slice::from_raw_parts((*slot).tts_values, natts)[target.id].value() as i64;
+        pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
+        pg_sys::FreeExecutorState(estate);
+        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        if !inserted {
+            error!("outbox_enqueue: a trigger on outbox skipped the insert");
+        }
+        // Later statements of this command see the row, as after a statement run through SPI.
+        pg_sys::CommandCounterIncrement();
+        id
+    }
+}
+
+/// Opens `schema`'s outbox table under `lockmode`, with a target that is valid for it.
+///
+/// # Safety
+/// Must run inside a transaction, on the backend's thread.
+unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, pg_sys::Relation) {
+    // SAFETY: catalog and relcache calls inside the caller's transaction.
+    unsafe {
+        if !CALLBACK_REGISTERED.0.get() {
+            pg_sys::CacheRegisterRelcacheCallback(
+                Some(on_relcache_invalidation),
+                pg_sys::Datum::from(0),
+            );
+            CALLBACK_REGISTERED.0.set(true);
+        }
+        let cached = TARGET.0.borrow().clone();
+        if let Some(target) = cached.filter(|t| t.schema == schema) {
+            if target.generation == GENERATION.0.get() {
+                // Taking the lock reads pending invalidations, which may concern the target.
+                let rel = pg_sys::try_table_open(target.table, lockmode);
+                if !rel.is_null() && target.generation == GENERATION.0.get() {
+                    return (target, rel);
+                }
+                if !rel.is_null() {
+                    pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                }
+            }
+        }
+
+        struct Building;
+        impl Drop for Building {
+            fn drop(&mut self) {
+                BUILDING.0.set(false);
+            }
+        }
+        BUILDING.0.set(true);
+        let _building = Building;
+        let table = pg_sys::get_relname_relid(c"outbox".as_ptr(), schema);
+        let sequence = pg_sys::get_relname_relid(c"outbox_id_seq".as_ptr(), schema);
+        if table == pg_sys::InvalidOid || sequence == pg_sys::InvalidOid {
+            error!("outbox_enqueue: the extension's outbox table or its id sequence is missing");
+        }
+        let rel = pg_sys::table_open(table, lockmode);
+        // Invalidations read from here on make the next call build again.
+        let generation = GENERATION.0.get();
+        let tupdesc = (*rel).rd_att;
+        let attributes = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
+        let columns = Columns::find(attributes.iter().map(|a| {
+            (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes())
+        }));
+        let Some(id) = columns.id else {
+            error!("outbox_enqueue: the outbox table has no id column");
+        };
+        let context = pg_sys::AllocSetContextCreateInternal(
+            pg_sys::CacheMemoryContext,
+            c"outbox_enqueue".as_ptr(),
+            0,
+            pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
+            pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
+        );
+        // Owned from here on, so that an error below deletes the context.
+        let mut target = Target {
+            schema,
+            generation,
+            table,
+            sequence,
+            columns,
+            id,
+            indexes: None,
+            context,
+        };
+        target.indexes = build_indexes(rel, context);
+        let target = Rc::new(target);
+        // The replaced target's context goes when the last call still using it returns.
+        drop(TARGET.0.replace(Some(target.clone())));
+        (target, rel)
+    }
+}
+
+/// Each index of `rel` with its `IndexInfo` built in `context`, the predicate ready to evaluate;
+/// `None` if an index needs per-call state.
+///
+/// # Safety
+/// `rel` must be open; `context` must be a valid memory context.
+unsafe fn build_indexes(
+    rel: pg_sys::Relation,
+    context: pg_sys::MemoryContext,
+) -> Option<Vec<(pg_sys::Oid, *mut pg_sys::IndexInfo)>> {
+    // SAFETY: relcache reads of an open relation; allocations in `context`.
+    unsafe {
+        let list = pg_sys::RelationGetIndexList(rel);
+        let oids: Vec<pg_sys::Oid> = if list.is_null() {
+            Vec::new()
+        } else {
+            let elements = (*list).elements;
+            (0..(*list).length as usize)
+                .map(|i| (*elements.add(i)).oid_value)
+                .collect()
+        };
+        pg_sys::list_free(list);
+        let mut indexes = Vec::with_capacity(oids.len());
+        for oid in oids {
+            let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+            let index = pg_sys::index_open(oid, lockmode);
+            let info = in_context(context, || {
+                let info = pg_sys::BuildIndexInfo(index);
+                if (*(*index).rd_rel).relam != pg_sys::BTREE_AM_OID
+                    || !(*info).ii_Expressions.is_null()
+                    || !(*info).ii_ExclusionOps.is_null()
+                {
+                    return None;
+                }
+                if !(*info).ii_Predicate.is_null() {
+                    // What ExecPrepareQual does on the first insert of every statement.
+                    let qual = pg_sys::expression_planner((*info).ii_Predicate.cast());
+                    (*info).ii_PredicateState =
+                        pg_sys::ExecInitQual(qual.cast(), std::ptr::null_mut());
+                }
+                Some(info)
+            });
+            pg_sys::index_close(index, lockmode);
+            indexes.push((oid, info?));
+        }
+        Some(indexes)
+    }
+}
+
+/// Opens the indexes as `ExecOpenIndices` does, with the target's `IndexInfo`s.
+///
+/// # Safety
+/// `result_rel` must be initialised on the open table the indexes belong to.
+unsafe fn open_indexes(
+    result_rel: *mut pg_sys::ResultRelInfo,
+    indexes: &[(pg_sys::Oid, *mut pg_sys::IndexInfo)],
+) {
+    if indexes.is_empty() {
+        return;
+    }
+    // SAFETY: arrays allocated in the call's memory context, as ExecOpenIndices does; the
+    // IndexInfos live in the target's context, which outlives the call.
+    unsafe {
+        let count = indexes.len();
+        let descs = pg_sys::palloc(count * std::mem::size_of::<pg_sys::Relation>())
+            .cast::<pg_sys::Relation>();
+        let infos = pg_sys::palloc(count * std::mem::size_of::<*mut pg_sys::IndexInfo>())
+            .cast::<*mut pg_sys::IndexInfo>();
+        for (i, (oid, info)) in indexes.iter().enumerate() {
+            *descs.add(i) = pg_sys::index_open(*oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+            *infos.add(i) = *info;
+        }
+        (*result_rel).ri_NumIndices = count as i32;
+        (*result_rel).ri_IndexRelationDescs = descs;
+        (*result_rel).ri_IndexRelationInfo = infos;
+    }
+}
+
+/// Closes the indexes. Those opened by `open_indexes` keep their lock until the transaction
+/// ends, as the table's does: releasing it is a lock-table round trip per index and frees
+/// nothing an `INSERT`'s lock on the table does not already hold.
+///
+/// # Safety
+/// `result_rel`'s indexes must be open.
+unsafe fn close_indexes(result_rel: *mut pg_sys::ResultRelInfo, cached: bool) {
+    // SAFETY: closes what open_indexes or ExecOpenIndices opened.
+    unsafe {
+        if !cached {
+            pg_sys::ExecCloseIndices(result_rel);
+            return;
+        }
+        for i in 0..(*result_rel).ri_NumIndices as usize {
+            let index = *(*result_rel).ri_IndexRelationDescs.add(i);
+            pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_are_found_by_name_and_dropped_ones_skipped() {
+        let names: [Option<&[u8]>; 8] = [
+            Some(b"id"),
+            None,
+            Some(b"topic"),
+            Some(b"payload"),
+            Some(b"created_at"),
+            Some(b"published_at"),
+            Some(b"attempts"),
+            Some(b"extra"),
+        ];
+        assert_eq!(
+            Columns::find(names.into_iter()),
+            Columns {
+                id: Some(0),
+                topic: Some(2),
+                payload: Some(3),
+                created_at: Some(4),
+                attempts: Some(6),
+            }
+        );
+        assert_eq!(Columns::find([None, Some(&b"x"[..])].into_iter()).id, None);
+    }
+}
