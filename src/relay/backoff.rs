@@ -46,17 +46,30 @@ pub fn event_retry_delay(attempts: i32) -> Duration {
     )
 }
 
+/// Passes that published fewer events than this are a trickle: the next one may start 1 ms later.
+pub const TRICKLE: u64 = 10;
+/// Least spacing of passes under a busy stream.
+pub const BUSY_MIN: Duration = Duration::from_millis(5);
+/// Most spacing of passes under a busy stream: the latency a busy stream's events may gain.
+pub const BUSY_MAX: Duration = Duration::from_millis(20);
+
 /// Least time between the starts of two passes woken by commits, given how many events the
-/// last pass published. A pass that found nothing lets the next commit be published at once.
-/// Under a stream of small transactions, spacing passes gathers several commits per batch
-/// instead of paying a transaction and a Redis round trip per commit: 1 ms while events trickle
-/// in (a trickle's commits are further apart than that, so it costs them no latency), 5 ms once
-/// a pass finds ten or more (a busy stream, where batching is what keeps up).
-pub fn pass_spacing(published_last_pass: u64) -> Duration {
-    match published_last_pass {
+/// last pass published and how long after the pass before it that pass started.
+///
+/// A pass that found nothing lets the next commit be published at once. A trickle (fewer than
+/// [`TRICKLE`] events) waits 1 ms: its commits are further apart than that, so it costs them no
+/// latency. Under a busy stream, every pass pays a transaction and a Redis round trip however
+/// few events it carries, and a commit-woken relay would otherwise pass far more often than a
+/// polled one, at a higher cost per event. So the next pass waits until, at the rate the last
+/// one saw, three quarters of a batch have committed, within [`BUSY_MIN`]..[`BUSY_MAX`]: most
+/// of a batch, but not all of it, since a full pass is followed at once by another, small one.
+pub fn pass_spacing(published: u64, since_previous: Duration, batch_size: usize) -> Duration {
+    match published {
         0 => Duration::ZERO,
-        1..=9 => Duration::from_millis(1),
-        _ => Duration::from_millis(5),
+        1..TRICKLE => Duration::from_millis(1),
+        _ => since_previous
+            .mul_f64(0.75 * batch_size as f64 / published as f64)
+            .clamp(BUSY_MIN, BUSY_MAX),
     }
 }
 
@@ -95,11 +108,20 @@ mod tests {
 
     #[test]
     fn passes_are_spaced_by_how_busy_the_last_one_was() {
-        assert_eq!(pass_spacing(0), Duration::ZERO);
-        assert_eq!(pass_spacing(1), Duration::from_millis(1));
-        assert_eq!(pass_spacing(9), Duration::from_millis(1));
-        assert_eq!(pass_spacing(10), Duration::from_millis(5));
-        assert_eq!(pass_spacing(1000), Duration::from_millis(5));
+        let ms = Duration::from_millis;
+        assert_eq!(pass_spacing(0, ms(3), 100), Duration::ZERO);
+        assert_eq!(pass_spacing(1, ms(3), 100), ms(1));
+        assert_eq!(pass_spacing(9, ms(3), 100), ms(1));
+        // 50 events in 10 ms: three quarters of a batch of 100 gather in 15 ms.
+        assert_eq!(pass_spacing(50, ms(10), 100), ms(15));
+        // Faster than a batch per 5 ms, or slower than one per 20 ms: the bounds.
+        assert_eq!(pass_spacing(100, ms(2), 100), BUSY_MIN);
+        assert_eq!(pass_spacing(10, ms(100), 100), BUSY_MAX);
+        assert_eq!(
+            pass_spacing(10, Duration::from_secs(3600), 10_000),
+            BUSY_MAX
+        );
+        assert_eq!(pass_spacing(u64::MAX, Duration::ZERO, 10_000), BUSY_MIN);
     }
 
     #[test]

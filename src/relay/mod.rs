@@ -229,6 +229,8 @@ struct Relay {
     state: WorkerState,
     /// When the last pass began, and how many events it published.
     last_pass_started: Instant,
+    /// Time from the start of the pass before the last one to the start of the last one.
+    last_pass_interval: Duration,
     last_pass_published: u64,
     backoff: Backoff,
     /// Events Redis rejected, with the time before which they are not claimed again.
@@ -270,6 +272,7 @@ impl Relay {
             schema: String::new(),
             state: WorkerState::Starting,
             last_pass_started: Instant::now(),
+            last_pass_interval: Duration::ZERO,
             last_pass_published: 0,
             backoff: Backoff::default(),
             retry_after: HashMap::new(),
@@ -366,7 +369,11 @@ impl Relay {
                 Pass::Full => {}
                 Pass::Drained | Pass::NoExtension => {
                     wait_latch(self.next_wait());
-                    let spacing = backoff::pass_spacing(self.last_pass_published);
+                    let spacing = backoff::pass_spacing(
+                        self.last_pass_published,
+                        self.last_pass_interval,
+                        self.batch_size,
+                    );
                     let since = self.last_pass_started.elapsed();
                     if since < spacing {
                         std::thread::sleep(spacing - since);
@@ -445,7 +452,9 @@ impl Relay {
             self.set_state(WorkerState::Standby);
             return Pass::NoExtension;
         }
-        self.last_pass_started = Instant::now();
+        let started = Instant::now();
+        self.last_pass_interval = started - self.last_pass_started;
+        self.last_pass_started = started;
         let batch = in_transaction(|| {
             let mut batch = self.relay_batch();
             let end = std::mem::replace(&mut batch.end, End::Commit);
