@@ -21,7 +21,7 @@ use std::rc::Rc;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::PgBox;
+use pgrx::{PgBox, PgMemoryContexts};
 
 extern "C-unwind" {
     /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
@@ -130,23 +130,6 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     if watched {
         GENERATION.0.set(GENERATION.0.get() + 1);
     }
-}
-
-/// Runs `f` with `context` as the current memory context.
-///
-/// # Safety
-/// `context` must be a valid memory context.
-unsafe fn in_context<R>(context: pg_sys::MemoryContext, f: impl FnOnce() -> R) -> R {
-    struct Restore(pg_sys::MemoryContext);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            // SAFETY: puts back the context that was current before.
-            unsafe { pg_sys::MemoryContextSwitchTo(self.0) };
-        }
-    }
-    // SAFETY: guaranteed by the caller; the guard restores the context, also on an error.
-    let _restore = Restore(unsafe { pg_sys::MemoryContextSwitchTo(context) });
-    f()
 }
 
 /// Inserts the event into the `outbox` table of schema `schema` and returns its id.
@@ -342,7 +325,7 @@ unsafe fn build_indexes(
         for oid in oids {
             let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
             let index = pg_sys::index_open(oid, lockmode);
-            let info = in_context(context, || {
+            let info = PgMemoryContexts::For(context).switch_to(|_| {
                 let info = pg_sys::BuildIndexInfo(index);
                 if (*(*index).rd_rel).relam != pg_sys::BTREE_AM_OID
                     || !(*info).ii_Expressions.is_null()
