@@ -12,3 +12,10 @@ sudo_flag=()
 is_root || sudo_flag=(--sudo)
 say "Building and installing the extension into $("$PG_CONFIG" --pkglibdir) ${profile[*]:-(debug build)}"
 cargo pgrx install "${profile[@]}" "${sudo_flag[@]}" --pg-config "$PG_CONFIG" 2>&1 | grep -Ev '^\s*$' | tail -n 3
+
+# The released versions' scripts, so that `CREATE EXTENSION outbox VERSION '0.1.0'` followed by
+# `ALTER EXTENSION outbox UPDATE` works as it does for a user who upgrades.
+extdir="$("$PG_CONFIG" --sharedir)/extension"
+for released in sql/archive/outbox--*.sql; do
+  as_root install -m 644 "$released" "$extdir/"
+done

@@ -8,7 +8,10 @@ CREATE TABLE @extschema@.outbox (
     created_at   timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz,
     attempts     int NOT NULL DEFAULT 0,
-    last_error   text
+    last_error   text,
+    -- Set when Redis rejected the event: the relay tries it again from then on. Kept in the
+    -- table, so every worker honours it and a restart does not forget it.
+    next_attempt_at timestamptz
 ) WITH (
     -- A queue table: every row is inserted, updated once and deleted. Vacuum it early and
     -- often so dead tuples never pile up behind the relay's claim.
@@ -22,19 +25,26 @@ CREATE TABLE @extschema@.outbox (
 COMMENT ON TABLE @extschema@.outbox IS
     'Events written by outbox_enqueue; the relay publishes them to Redis Streams and sets published_at.';
 
--- The relay's claim reads only unpublished rows: this index stays the size of the backlog
--- however much history is kept.
-CREATE INDEX outbox_unpublished ON @extschema@.outbox (id) WHERE published_at IS NULL;
+-- The relay's claims read only unpublished rows: these indexes stay the size of the backlog
+-- however much history is kept. Events waiting out a retry delay have an index of their own,
+-- so that however many wait, claiming the others never steps over them.
+CREATE INDEX outbox_unpublished ON @extschema@.outbox (id)
+    WHERE published_at IS NULL AND next_attempt_at IS NULL;
+CREATE INDEX outbox_retrying ON @extschema@.outbox (next_attempt_at)
+    WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
 
+-- Keyed by the event's identity, (id, created_at): ids can be used again (TRUNCATE ... RESTART
+-- IDENTITY, setval, a restore), and a dead letter kept from before must not block a new one.
 CREATE TABLE @extschema@.outbox_dead (
-    id           bigint PRIMARY KEY,
+    id           bigint NOT NULL,
     topic        text NOT NULL,
     payload      jsonb NOT NULL,
     created_at   timestamptz NOT NULL,
     published_at timestamptz,
     attempts     int NOT NULL,
     last_error   text,
-    failed_at    timestamptz NOT NULL DEFAULT now()
+    failed_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, created_at)
 );
 COMMENT ON TABLE @extschema@.outbox_dead IS
     'Events that failed outbox.max_attempts publishes; outbox_redrive puts them back.';
@@ -59,8 +69,10 @@ CREATE FUNCTION @extschema@._outbox_wake() RETURNS void
     LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', '_outbox_wake_wrapper';
 
+-- SECURITY DEFINER, so that EXECUTE is all a role needs to redrive; the pinned search_path
+-- keeps callers' objects out of it.
 CREATE FUNCTION @extschema@.outbox_redrive(id bigint) RETURNS boolean
-    LANGUAGE sql VOLATILE STRICT
+    LANGUAGE sql VOLATILE STRICT SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     AS $$
     WITH moved AS (
@@ -77,7 +89,7 @@ COMMENT ON FUNCTION @extschema@.outbox_redrive(bigint) IS
     'Moves one dead event back into outbox with its original id and attempts reset; false if there is none.';
 
 CREATE FUNCTION @extschema@.outbox_redrive_all() RETURNS bigint
-    LANGUAGE sql VOLATILE
+    LANGUAGE sql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     AS $$
     WITH moved AS (
@@ -111,8 +123,15 @@ COMMENT ON VIEW @extschema@.outbox_workers IS 'One row per relay worker slot, fr
 
 CREATE VIEW @extschema@.outbox_status AS
     SELECT
-        (SELECT count(*) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending,
-        (SELECT now() - min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL)
+        (SELECT count(*) FROM @extschema@.outbox
+            WHERE published_at IS NULL AND next_attempt_at IS NULL)
+        + (SELECT count(*) FROM @extschema@.outbox
+            WHERE published_at IS NULL AND next_attempt_at IS NOT NULL) AS pending,
+        now() - LEAST(
+            (SELECT min(created_at) FROM @extschema@.outbox
+                WHERE published_at IS NULL AND next_attempt_at IS NULL),
+            (SELECT min(created_at) FROM @extschema@.outbox
+                WHERE published_at IS NULL AND next_attempt_at IS NOT NULL))
             AS oldest_pending_age,
         (SELECT count(*) FROM @extschema@.outbox_dead) AS dead,
         @extschema@._outbox_last_published_at() AS last_published_at,

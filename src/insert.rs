@@ -14,6 +14,12 @@
 //! predicate through the planner each time. A relcache invalidation of the table, the sequence or
 //! an index (DDL, `ANALYZE`, `DROP EXTENSION`) makes the next call build them again, so they are
 //! exactly as fresh as the relcache entries they come from.
+//!
+//! The fast path fills the columns itself, so it is taken only while the table has the shape
+//! `sql/outbox.sql` gives it: the same columns and types, and defaults only on `id` (the
+//! sequence), `created_at` (`now()`) and `attempts` (0). A table changed by hand (a column's
+//! type, a column added with a default) gets a plain `INSERT` statement instead, which gives its
+//! columns their types and defaults as any `INSERT` would.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
@@ -90,6 +96,8 @@ struct Target {
     sequence: pg_sys::Oid,
     columns: Columns,
     id: usize,
+    /// Whether the table has the shape the fast path fills (see the module comment).
+    plain: bool,
     /// Each index with its `IndexInfo`, or `None` when an index is not a btree on plain columns
     /// without an exclusion constraint: such indexes keep state that must not outlive a call,
     /// so `ExecOpenIndices` builds them per call.
@@ -135,8 +143,8 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
 /// Inserts the event into the `outbox` table of schema `schema` and returns its id.
 ///
 /// The columns' defaults are those of `sql/outbox.sql`: the next value of `outbox_id_seq`,
-/// the transaction's start time, and 0 attempts; the others are null. Columns added by hand
-/// would be null.
+/// the transaction's start time, and 0 attempts; the others are null. A table of another shape
+/// goes through [`insert_statement`].
 ///
 /// # Safety
 /// Both datums must be non-null, of types text and jsonb.
@@ -151,6 +159,10 @@ pub unsafe fn insert_event(
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (target, rel) = open(schema, lockmode);
+        if !target.plain {
+            pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+            return insert_statement(schema, topic, payload);
+        }
         // As an INSERT would; the function runs as the table's owner.
         let acl = pg_sys::pg_class_aclcheck(target.table, pg_sys::GetUserId(), pg_sys::ACL_INSERT);
         if acl != pg_sys::AclResult::ACLCHECK_OK {
@@ -271,9 +283,8 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
         let columns = Columns::find(attributes.iter().map(|a| {
             (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes())
         }));
-        let Some(id) = columns.id else {
-            error!("outbox_enqueue: the outbox table has no id column");
-        };
+        let plain = has_plain_shape(rel, sequence);
+        let id = columns.id.unwrap_or_default();
         let context = pg_sys::AllocSetContextCreateInternal(
             pg_sys::CacheMemoryContext,
             c"outbox_enqueue".as_ptr(),
@@ -289,6 +300,7 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
             sequence,
             columns,
             id,
+            plain,
             indexes: None,
             context,
         };
@@ -297,6 +309,166 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
         // The replaced target's context goes when the last call still using it returns.
         drop(TARGET.0.replace(Some(target.clone())));
         (target, rel)
+    }
+}
+
+/// Whether `rel` has the columns, types and defaults of `sql/outbox.sql`, and nothing more.
+///
+/// # Safety
+/// `rel` must be open; `sequence` is the OID of its id sequence.
+unsafe fn has_plain_shape(rel: pg_sys::Relation, sequence: pg_sys::Oid) -> bool {
+    use pg_sys::{INT4OID, INT8OID, JSONBOID, TEXTOID, TIMESTAMPTZOID};
+    #[derive(PartialEq)]
+    enum Default {
+        None,
+        NextvalOf(pg_sys::Oid),
+        Now,
+        Zero,
+    }
+    const COLUMNS: usize = 8;
+    // SAFETY: reads of an open relation's tuple descriptor and of its default expressions.
+    unsafe {
+        let tupdesc = (*rel).rd_att;
+        let attributes = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
+        let mut found = 0;
+        for (at, a) in attributes.iter().enumerate() {
+            if a.attisdropped {
+                continue;
+            }
+            let (ty, default) = match CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() {
+                b"id" => (INT8OID, Default::NextvalOf(sequence)),
+                b"topic" | b"last_error" => (TEXTOID, Default::None),
+                b"payload" => (JSONBOID, Default::None),
+                b"created_at" => (TIMESTAMPTZOID, Default::Now),
+                b"published_at" | b"next_attempt_at" => (TIMESTAMPTZOID, Default::None),
+                b"attempts" => (INT4OID, Default::Zero),
+                _ => return false,
+            };
+            if a.atttypid != ty || a.attgenerated != 0 || a.attidentity != 0 {
+                return false;
+            }
+            let actual = if a.atthasdef {
+                let node = pg_sys::build_column_default(rel, at as i32 + 1);
+                if is_func(node, pg_sys::F_NOW, 0) {
+                    Default::Now
+                } else if is_func(node, pg_sys::F_NEXTVAL, 1) {
+                    let arg = list_first((*node.cast::<pg_sys::FuncExpr>()).args);
+                    match const_value(arg, pg_sys::REGCLASSOID) {
+                        Some(oid) => Default::NextvalOf(pg_sys::Oid::from(oid as u32)),
+                        None => return false,
+                    }
+                } else if const_value(node, INT4OID) == Some(0) {
+                    Default::Zero
+                } else {
+                    return false;
+                }
+            } else {
+                Default::None
+            };
+            if actual != default {
+                return false;
+            }
+            found += 1;
+        }
+        found == COLUMNS
+    }
+}
+
+/// Whether `node` is a call of the function `funcid` with `args` arguments.
+///
+/// # Safety
+/// `node` must be null or a valid expression node.
+unsafe fn is_func(node: *mut pg_sys::Node, funcid: u32, args: i32) -> bool {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_FuncExpr {
+            return false;
+        }
+        let func = node.cast::<pg_sys::FuncExpr>();
+        let count = if (*func).args.is_null() {
+            0
+        } else {
+            (*(*func).args).length
+        };
+        (*func).funcid == pg_sys::Oid::from(funcid) && count == args
+    }
+}
+
+/// The first element of a non-empty list of nodes.
+///
+/// # Safety
+/// `list` must be a valid, non-empty list of pointers.
+unsafe fn list_first(list: *mut pg_sys::List) -> *mut pg_sys::Node {
+    // SAFETY: guaranteed by the caller.
+    unsafe { (*(*list).elements).ptr_value.cast() }
+}
+
+/// The value of `node` if it is a non-null constant of type `ty`.
+///
+/// # Safety
+/// `node` must be null or a valid expression node.
+unsafe fn const_value(node: *mut pg_sys::Node, ty: pg_sys::Oid) -> Option<usize> {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_Const {
+            return None;
+        }
+        let value = node.cast::<pg_sys::Const>();
+        ((*value).consttype == ty && !(*value).constisnull).then(|| (*value).constvalue.value())
+    }
+}
+
+/// Inserts the event with a plain `INSERT` statement, for a table whose shape the fast path does
+/// not fill: the columns get their types and defaults as in any `INSERT`. The values go in as
+/// literals, which PostgreSQL reads with the columns' own input functions, whatever their types.
+///
+/// # Safety
+/// Both datums must be non-null, of types text and jsonb.
+unsafe fn insert_statement(
+    schema: pg_sys::Oid,
+    topic: pg_sys::Datum,
+    payload: pg_sys::Datum,
+) -> i64 {
+    // SAFETY: catalog reads and an SPI statement inside the caller's transaction; every string
+    // is palloc'd in the call's memory context and NUL-terminated.
+    unsafe {
+        let namespace = pg_sys::get_namespace_name(schema);
+        if namespace.is_null() {
+            error!("outbox_enqueue: the extension's schema is missing");
+        }
+        let table = pg_sys::quote_qualified_identifier(namespace, c"outbox".as_ptr());
+        let topic = pg_sys::quote_literal_cstr(pg_sys::text_to_cstring(topic.cast_mut_ptr()));
+        let jsonb = pg_sys::pg_detoast_datum(payload.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
+        let json = pg_sys::JsonbToCString(
+            std::ptr::null_mut(),
+            &raw mut (*jsonb).root,
+            pgrx::varlena::varsize_any(jsonb.cast()) as i32,
+        );
+        let json = pg_sys::quote_literal_cstr(json);
+        let mut sql = b"INSERT INTO ".to_vec();
+        sql.extend_from_slice(CStr::from_ptr(table).to_bytes());
+        sql.extend_from_slice(b" (topic, payload) VALUES (");
+        sql.extend_from_slice(CStr::from_ptr(topic).to_bytes());
+        sql.extend_from_slice(b", ");
+        sql.extend_from_slice(CStr::from_ptr(json).to_bytes());
+        sql.extend_from_slice(b") RETURNING id::pg_catalog.int8");
+        let sql = std::ffi::CString::new(sql).unwrap_or_default();
+
+        pg_sys::SPI_connect();
+        let status = pg_sys::SPI_execute(sql.as_ptr(), false, 1);
+        if status != pg_sys::SPI_OK_INSERT_RETURNING as i32 || pg_sys::SPI_processed != 1 {
+            error!("outbox_enqueue: the insert into outbox did not return the new row");
+        }
+        let tuptable = pg_sys::SPI_tuptable;
+        let mut isnull = false;
+        let id = pg_sys::SPI_getbinval(*(*tuptable).vals, (*tuptable).tupdesc, 1, &mut isnull);
+        if isnull {
+            error!("outbox_enqueue: the new row has no id");
+        }
+        // Taken before SPI_finish frees the tuple table; an int8 is passed by value.
+        let id = id.value() as i64;
+        pg_sys::SPI_finish();
+        id
     }
 }
 

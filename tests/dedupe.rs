@@ -246,7 +246,7 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
                 (3590..=7200).contains(ttl),
                 "{key} expires in {ttl}s, not within one to two outbox.dedupe_ttl"
             );
-            // Each marker records the entry its event became.
+            // Each marker records the entry its event became, and the event's created_at.
             let markers: HashMap<String, String> = redis::cmd("HGETALL")
                 .arg(key)
                 .query(&mut redis.conn())
@@ -261,7 +261,12 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
         let entries: HashMap<String, String> = redis
             .entries("crash")
             .into_iter()
-            .map(|(entry, fields)| (fields["id"].clone(), entry))
+            .map(|(entry, fields)| {
+                (
+                    fields["id"].clone(),
+                    format!("{entry}|{}", fields["created_at"]),
+                )
+            })
             .collect();
         assert_eq!(recorded, entries, "markers and entries differ");
     });
@@ -282,18 +287,22 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
 }
 
 /// The script itself, called as the relay calls it: a marker from the previous period absorbs
-/// its event, new markers record entry ids, and a key error is reported per event with no
-/// marker written.
+/// its event, a marker of an earlier event with the same id but another created_at does not,
+/// new markers record entry ids with the event's created_at, and a key error is reported per
+/// event with no marker written.
 #[test]
 fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     let redis = Redis::start();
     let mut conn = redis.conn();
     let script = include_str!("../src/relay/dedupe.lua");
     let (current, previous) = ("m:2:0:s", "m:1:0:s");
+    let stamp = "2026-11-30T00:00:00.000000Z";
     let _: () = redis::cmd("HSET")
         .arg(previous)
         .arg(5)
-        .arg("1-1")
+        .arg(format!("1-1|{stamp}"))
+        .arg(6)
+        .arg("1-2|2026-11-29T00:00:00.000000Z")
         .query(&mut conn)
         .unwrap();
     let expires_at = 4_102_444_800_000_u64; // 2100-01-01
@@ -313,9 +322,7 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
             cmd.arg(id);
         }
         for id in ids {
-            cmd.arg("t")
-                .arg(format!("{{\"n\": {id}}}"))
-                .arg("2026-11-30T00:00:00.000000Z");
+            cmd.arg("t").arg(format!("{{\"n\": {id}}}")).arg(stamp);
         }
         let mut replies: Vec<redis::Value> = pipe.query(conn).unwrap();
         replies.remove(0)
@@ -338,8 +345,8 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     assert_eq!(
         markers,
         HashMap::from([
-            ("4".to_string(), entries[0].0.clone()),
-            ("6".to_string(), entries[1].0.clone())
+            ("4".to_string(), format!("{}|{stamp}", entries[0].0)),
+            ("6".to_string(), format!("{}|{stamp}", entries[1].0))
         ])
     );
     let expire: u64 = redis::cmd("PEXPIRETIME")

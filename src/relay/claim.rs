@@ -1,38 +1,68 @@
 //! The relay's SQL: find the extension, claim a batch, mark it, charge failed events, move
 //! exhausted ones to `outbox_dead`. Statements are prepared once per extension and kept, so a
-//! batch costs executions only. Every function here runs inside the worker's transaction.
+//! batch costs executions only. Every function here runs inside the worker's transaction, in a
+//! session whose `search_path` is `pg_catalog, pg_temp` (see `session.rs`); the statements
+//! qualify what they call all the same.
+
+use std::ffi::CStr;
+use std::time::Duration;
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::spi::OwnedPreparedStatement;
-use pgrx::PgOid;
+use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
+use pgrx::{PgOid, PgTryBuilder};
 
-use super::encode::Event;
+use super::encode::{ascii_safe, Event};
 
-/// The schema the extension with oid `oid` lives in.
-pub fn extension_schema(oid: pg_sys::Oid) -> Option<String> {
-    Spi::get_one_with_args::<String>(
-        "SELECT n.nspname::text FROM pg_catalog.pg_extension e \
-         JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.oid = $1",
+/// The schema the extension with oid `oid` lives in, and its installed version.
+pub fn extension_schema(oid: pg_sys::Oid) -> Option<(String, String)> {
+    let (schema, version) = Spi::get_two_with_args::<String, String>(
+        "SELECT n.nspname::pg_catalog.text, e.extversion FROM pg_catalog.pg_extension e \
+         JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace \
+         WHERE e.oid OPERATOR(pg_catalog.=) $1",
         &[oid.into()],
     )
-    .ok()
-    .flatten()
+    .ok()?;
+    Some((schema?, version?))
 }
 
-/// An event Redis rejected, after its attempt was charged.
-pub struct Failed {
+/// What a claim took: the events to publish, and those whose text cannot be sent as UTF-8
+/// (with the reason), which must be charged in the same transaction.
+#[derive(Default)]
+pub struct Claimed {
+    pub events: Vec<Event>,
+    pub unreadable: Vec<Failure>,
+}
+
+impl Claimed {
+    pub fn len(&self) -> usize {
+        self.events.len() + self.unreadable.len()
+    }
+}
+
+/// An event that could not be published this time.
+pub struct Failure {
+    pub id: i64,
+    pub topic: String,
+    /// Attempts charged before this one.
+    pub attempts: i32,
+    pub error: String,
+    /// Retrying cannot help (its text cannot be sent as UTF-8): it goes to `outbox_dead` now.
+    pub permanent: bool,
+}
+
+/// A failed event after its attempt was charged.
+pub struct Charged {
     pub id: i64,
     pub attempts: i32,
-    pub topic: String,
-    pub error: String,
 }
 
 /// The prepared statements of one installation of the extension.
 pub struct Statements {
     pub extension: pg_sys::Oid,
-    claim: OwnedPreparedStatement,
+    claim_fresh: OwnedPreparedStatement,
+    claim_due: OwnedPreparedStatement,
     mark: OwnedPreparedStatement,
     fail: OwnedPreparedStatement,
     bury: OwnedPreparedStatement,
@@ -48,79 +78,98 @@ fn prepare(sql: &str, args: &[pg_sys::Oid]) -> OwnedPreparedStatement {
     })
 }
 
+/// The columns every claim returns, in the order [`read_events`] reads them.
+const CLAIMED_COLUMNS: &str = "o.id, o.topic, o.payload::pg_catalog.text, o.created_at, o.attempts";
+
 impl Statements {
     pub fn prepare(extension: pg_sys::Oid, schema: &str) -> Statements {
         let s = spi::quote_identifier(schema);
         Statements {
             extension,
-            claim: prepare(
+            // Events that never failed, in id order, through the partial index that holds
+            // only them.
+            claim_fresh: prepare(
                 &format!(
-                    "SELECT id, topic, payload::text, created_at FROM {s}.outbox \
-                     WHERE published_at IS NULL AND id <> ALL($2) \
-                     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                    "SELECT {CLAIMED_COLUMNS} FROM {s}.outbox o \
+                     WHERE o.published_at IS NULL AND o.next_attempt_at IS NULL \
+                     ORDER BY o.id LIMIT $1 FOR UPDATE SKIP LOCKED"
                 ),
-                &[pg_sys::INT8OID, pg_sys::INT8ARRAYOID],
+                &[pg_sys::INT8OID],
+            ),
+            // Events whose retry delay is over, through the index of waiting events: however
+            // many wait, only the due ones are read.
+            claim_due: prepare(
+                &format!(
+                    "SELECT {CLAIMED_COLUMNS} FROM {s}.outbox o \
+                     WHERE o.published_at IS NULL \
+                       AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now() \
+                     ORDER BY o.next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED"
+                ),
+                &[pg_sys::INT8OID],
             ),
             mark: prepare(
-                &format!("UPDATE {s}.outbox SET published_at = now() WHERE id = ANY($1)"),
+                &format!(
+                    "UPDATE {s}.outbox SET published_at = pg_catalog.now() \
+                     WHERE id OPERATOR(pg_catalog.=) ANY ($1)"
+                ),
                 &[pg_sys::INT8ARRAYOID],
             ),
             fail: prepare(
-                // No join: the plan stays an index scan of the primary key.
                 &format!(
                     "UPDATE {s}.outbox o \
-                     SET published_at = NULL, attempts = o.attempts + 1, \
-                         last_error = ($2::text[])[array_position($1, o.id)] \
-                     WHERE o.id = ANY($1) RETURNING o.id, o.attempts, o.topic, o.last_error"
+                     SET published_at = NULL, \
+                         attempts = o.attempts OPERATOR(pg_catalog.+) 1, \
+                         last_error = f.error, \
+                         next_attempt_at = pg_catalog.now() OPERATOR(pg_catalog.+) \
+                             pg_catalog.make_interval(secs => f.delay) \
+                     FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), \
+                                     pg_catalog.unnest($2::pg_catalog.text[]), \
+                                     pg_catalog.unnest($3::pg_catalog.float8[])) \
+                          AS f(id, error, delay) \
+                     WHERE o.id OPERATOR(pg_catalog.=) f.id \
+                     RETURNING o.id, o.attempts"
                 ),
-                &[pg_sys::INT8ARRAYOID, pg_sys::TEXTARRAYOID],
+                &[
+                    pg_sys::INT8ARRAYOID,
+                    pg_sys::TEXTARRAYOID,
+                    pg_sys::FLOAT8ARRAYOID,
+                ],
             ),
+            // A dead letter is known by (id, created_at); one of the same event left from an
+            // earlier burial (a restore, say) is replaced, never a reason to fail the batch.
             bury: prepare(
                 &format!(
-                    "WITH moved AS (DELETE FROM {s}.outbox WHERE id = ANY($1) RETURNING *) \
+                    "WITH moved AS (DELETE FROM {s}.outbox o WHERE o.id OPERATOR(pg_catalog.=) ANY ($1) \
+                       RETURNING o.id, o.topic, o.payload, o.created_at, o.published_at, \
+                                 o.attempts, o.last_error) \
                      INSERT INTO {s}.outbox_dead \
                        (id, topic, payload, created_at, published_at, attempts, last_error, failed_at) \
-                     SELECT id, topic, payload, created_at, published_at, attempts, last_error, now() \
-                     FROM moved"
+                     SELECT id, topic, payload, created_at, published_at, attempts, last_error, \
+                            pg_catalog.now() \
+                     FROM moved \
+                     ON CONFLICT (id, created_at) DO UPDATE SET \
+                       topic = excluded.topic, payload = excluded.payload, \
+                       published_at = excluded.published_at, attempts = excluded.attempts, \
+                       last_error = excluded.last_error, failed_at = excluded.failed_at"
                 ),
                 &[pg_sys::INT8ARRAYOID],
             ),
         }
     }
 
-    /// Claims up to `limit` unpublished events in id order, skipping rows other workers hold
-    /// and the ids in `not_yet` (events waiting out a retry delay).
-    pub fn claim(&self, limit: usize, not_yet: &[i64]) -> Vec<Event> {
-        Spi::connect_mut(|client| {
-            let args: [DatumWithOid; 2] = [(limit as i64).into(), not_yet.to_vec().into()];
-            let table = client
-                .update(&self.claim, None, &args)
-                .unwrap_or_else(|e| error!("outbox relay: claim failed: {e}"));
-            let mut events = Vec::with_capacity(table.len());
-            for row in table {
-                let id = row.get::<i64>(1).ok().flatten().unwrap_or_default();
-                let topic = row.get::<String>(2).ok().flatten().unwrap_or_default();
-                let payload = row.get::<String>(3).ok().flatten().unwrap_or_default();
-                let created_at = row
-                    .get_datum_by_ordinal(4)
-                    .ok()
-                    .and_then(|entry| {
-                        entry
-                            .value::<pgrx::datum::TimestampWithTimeZone>()
-                            .ok()
-                            .flatten()
-                    })
-                    .map(i64::from)
-                    .unwrap_or_default();
-                events.push(Event {
-                    id,
-                    topic,
-                    payload,
-                    created_at,
-                });
+    /// Claims up to `limit` events, skipping rows other workers hold: first those that never
+    /// failed, in id order, then those whose retry is due. Returned in id order.
+    pub fn claim(&self, limit: usize) -> Claimed {
+        let mut claimed = run_claim(&self.claim_fresh, limit);
+        if claimed.len() < limit {
+            let due = run_claim(&self.claim_due, limit - claimed.len());
+            if !due.events.is_empty() || !due.unreadable.is_empty() {
+                claimed.events.extend(due.events);
+                claimed.unreadable.extend(due.unreadable);
+                claimed.events.sort_unstable_by_key(|e| e.id);
             }
-            events
-        })
+        }
+        claimed
     }
 
     pub fn mark_published(&self, ids: Vec<i64>) {
@@ -131,19 +180,26 @@ impl Statements {
         });
     }
 
-    /// Unmarks each failed event and charges it an attempt; returns each event as it now is.
-    pub fn record_failures(&self, failures: Vec<(i64, String)>) -> Vec<Failed> {
-        let (ids, errors): (Vec<i64>, Vec<String>) = failures.into_iter().unzip();
+    /// Unmarks each failed event, charges it an attempt and schedules its retry after the
+    /// delay given with it; returns each event's attempts as they now are.
+    pub fn record_failures(&self, failures: &[(i64, String, Duration)]) -> Vec<Charged> {
+        let ids: Vec<i64> = failures.iter().map(|f| f.0).collect();
+        let errors: Vec<String> = failures.iter().map(|f| ascii_safe(&f.1)).collect();
+        let delays: Vec<f64> = failures.iter().map(|f| f.2.as_secs_f64()).collect();
         Spi::connect_mut(|client| {
             let table = client
-                .update(&self.fail, None, &[ids.into(), errors.into()])
+                .update(
+                    &self.fail,
+                    None,
+                    &[ids.into(), errors.into(), delays.into()],
+                )
                 .unwrap_or_else(|e| error!("outbox relay: recording failures failed: {e}"));
             table
-                .map(|row| Failed {
-                    id: row.get::<i64>(1).ok().flatten().unwrap_or_default(),
-                    attempts: row.get::<i32>(2).ok().flatten().unwrap_or_default(),
-                    topic: row.get::<String>(3).ok().flatten().unwrap_or_default(),
-                    error: row.get::<String>(4).ok().flatten().unwrap_or_default(),
+                .filter_map(|row| {
+                    Some(Charged {
+                        id: row.get::<i64>(1).ok().flatten()?,
+                        attempts: row.get::<i32>(2).ok().flatten()?,
+                    })
                 })
                 .collect()
         })
@@ -158,5 +214,124 @@ impl Statements {
                     error!("outbox relay: moving events to outbox_dead failed: {e}")
                 });
         });
+    }
+}
+
+fn run_claim(statement: &OwnedPreparedStatement, limit: usize) -> Claimed {
+    Spi::connect_mut(|client| {
+        let args: [DatumWithOid; 1] = [(limit as i64).into()];
+        let table = client
+            .update(statement, None, &args)
+            .unwrap_or_else(|e| error!("outbox relay: claim failed: {e}"));
+        read_events(table)
+    })
+}
+
+/// Reads claimed rows. Topic and payload are read as the database stores them and converted
+/// to UTF-8 here, one event at a time, so that text which cannot be converted is charged to
+/// its event instead of failing the claim.
+fn read_events(mut table: SpiTupleTable) -> Claimed {
+    let mut claimed = Claimed {
+        events: Vec::with_capacity(table.len()),
+        unreadable: Vec::new(),
+    };
+    while table.next().is_some() {
+        let Some(id) = table.get::<i64>(1).ok().flatten() else {
+            error!("outbox relay: a claimed row has no id");
+        };
+        let created_at = table
+            .get::<pgrx::datum::TimestampWithTimeZone>(4)
+            .ok()
+            .flatten()
+            .map(i64::from);
+        let attempts = table.get::<i32>(5).ok().flatten().unwrap_or(0);
+        let topic = utf8_column(&table, 2, "topic");
+        let payload = utf8_column(&table, 3, "payload");
+        match (topic, payload, created_at) {
+            (Ok(topic), Ok(payload), Some(created_at)) => claimed.events.push(Event {
+                id,
+                topic,
+                payload,
+                created_at,
+                attempts,
+            }),
+            (topic, payload, created_at) => {
+                let error = [topic.as_ref().err(), payload.as_ref().err()]
+                    .into_iter()
+                    .flatten()
+                    .next()
+                    .cloned()
+                    .or_else(|| {
+                        created_at
+                            .is_none()
+                            .then(|| "created_at is null".to_string())
+                    })
+                    .unwrap_or_default();
+                claimed.unreadable.push(Failure {
+                    id,
+                    topic: topic.unwrap_or_default(),
+                    attempts,
+                    error,
+                    permanent: true,
+                });
+            }
+        }
+    }
+    claimed
+}
+
+/// The text in column `ordinal` of the current row, as UTF-8.
+fn utf8_column(table: &SpiTupleTable, ordinal: usize, name: &str) -> Result<String, String> {
+    let datum = table
+        .get_datum_by_ordinal(ordinal)
+        .map_err(|e| format!("{name} cannot be read: {e}"))?
+        .ok_or_else(|| format!("{name} is null"))?;
+    // SAFETY: the column is of type text (the claim casts or selects text), and not null; the
+    // bytes live in SPI's memory until the claim's SPI connection ends.
+    let bytes = unsafe {
+        let text = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+        pgrx::varlena::varlena_to_byte_slice(text)
+    };
+    let converted =
+        to_utf8(bytes).map_err(|why| format!("{name} cannot be sent as UTF-8: {why}"))?;
+    String::from_utf8(converted).map_err(|e| format!("{name} is not valid UTF-8: {e}"))
+}
+
+/// The database's text as UTF-8 bytes. A UTF-8 database's text is taken as it is; any other
+/// encoding goes through PostgreSQL's conversion, whose error (an untranslatable character, or
+/// bytes that are not UTF-8 in a `SQL_ASCII` database) is caught and returned.
+fn to_utf8(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    // SAFETY: reads the session's database encoding.
+    if unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32 {
+        return Ok(bytes.to_vec());
+    }
+    PgTryBuilder::new(|| {
+        // SAFETY: `bytes` is valid for its length; the result is either `bytes` itself or a
+        // NUL-terminated copy palloc'd in the current memory context.
+        unsafe {
+            let source = bytes.as_ptr().cast::<std::ffi::c_char>();
+            let result = pg_sys::pg_server_to_any(
+                source,
+                bytes.len() as i32,
+                pg_sys::pg_enc::PG_UTF8 as i32,
+            );
+            if result.cast_const() == source {
+                Ok(bytes.to_vec())
+            } else {
+                Ok(CStr::from_ptr(result).to_bytes().to_vec())
+            }
+        }
+    })
+    .catch_others(|error| Err(caught_message(error)))
+    .execute()
+}
+
+fn caught_message(error: pg_sys::panic::CaughtError) -> String {
+    match error {
+        pg_sys::panic::CaughtError::PostgresError(report)
+        | pg_sys::panic::CaughtError::ErrorReport(report)
+        | pg_sys::panic::CaughtError::RustPanic {
+            ereport: report, ..
+        } => report.message().to_string(),
     }
 }

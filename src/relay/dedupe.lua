@@ -1,7 +1,10 @@
 -- Idempotent publish of one stream's share of a batch (outbox.dedupe = on).
 --
 -- The events come in runs of consecutive ids that share a marker shard; each shard has a marker
--- hash (event id -> stream entry id) per period, and the previous period's is still consulted.
+-- hash (event id -> "<stream entry id>|<created_at>") per period, and the previous period's is
+-- still consulted. An event is known by its id and its created_at together: ids can be used
+-- again (TRUNCATE ... RESTART IDENTITY, setval, a restore), and a marker left by an earlier
+-- event with the same id must not swallow a new one.
 -- KEYS[1]             the stream
 -- KEYS[2s], KEYS[2s+1] run s's marker hash of the current period, and of the period before
 -- ARGV[1]             MAXLEN ~ bound, 0 for none
@@ -18,6 +21,16 @@ local runs = (#KEYS - 1) / 2
 local n = (#ARGV - 2 - runs) / 4
 local stream = KEYS[1]
 local xadd = redis.pcall
+
+-- The entry id a marker records for the event created at `stamp`, or nil.
+local function entry_of(marker, stamp)
+  if not marker then return nil end
+  local bar = string.find(marker, '|', 1, true)
+  if bar and string.sub(marker, bar + 1) == stamp then
+    return string.sub(marker, 1, bar - 1)
+  end
+  return nil
+end
 
 local out = {}
 local e = 0                    -- events done
@@ -36,7 +49,8 @@ for r = 1, runs do
   local k = 0
   for i = 1, count do
     local id = ARGV[id_at + i - 1]
-    local known = seen[i] or older[i]
+    local stamp = ARGV[field_at + 2]
+    local known = entry_of(seen[i], stamp) or entry_of(older[i], stamp)
     e = e + 1
     if known then
       out[e] = known
@@ -52,7 +66,7 @@ for r = 1, runs do
       out[e] = entry
       if type(entry) == 'string' then
         added[k + 1] = id
-        added[k + 2] = entry
+        added[k + 2] = entry .. '|' .. stamp
         k = k + 2
       end
     end

@@ -13,6 +13,8 @@ pub struct Event {
     pub payload: String,
     /// `created_at` as a PostgreSQL `TimestampTz`: microseconds since 2000-01-01 00:00 UTC.
     pub created_at: i64,
+    /// Failed publishes charged so far.
+    pub attempts: i32,
 }
 
 impl Event {
@@ -62,9 +64,24 @@ pub fn marker_period(now_ms: u64, ttl_ms: u64) -> MarkerPeriod {
 }
 
 /// The hash holding the markers of `stream`'s ids `shard * MARKER_SHARD ..` written during
-/// `period`. `namespace` tells apart the databases that share a Redis.
-pub fn marker_key(namespace: &str, period: u64, shard: i64, stream: &str) -> String {
-    format!("outbox:dedupe:{namespace}:{period}:{shard}:{stream}")
+/// `period`. `namespace` tells apart the databases that share a Redis. The key starts with the
+/// stream prefix, so that a Redis user limited to the prefix's keys can keep markers.
+pub fn marker_key(prefix: &str, namespace: &str, period: u64, shard: i64, stream: &str) -> String {
+    format!("{prefix}outbox:dedupe:{namespace}:{period}:{shard}:{stream}")
+}
+
+/// `text` with every character outside printable ASCII written as `\u{..}`: error messages
+/// stored in the database must be valid in any database encoding.
+pub fn ascii_safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == ' ' || c.is_ascii_graphic() {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        }
+    }
+    out
 }
 
 /// Splits positions (of events in id order) into runs whose ids share a marker shard, keeping
@@ -141,6 +158,7 @@ mod tests {
             topic: topic.into(),
             payload: "{}".into(),
             created_at: 0,
+            attempts: 0,
         }
     }
 
@@ -164,6 +182,7 @@ mod tests {
             topic: "account.created".into(),
             payload: r#"{"a": 1}"#.into(),
             created_at: 0,
+            attempts: 0,
         };
         let names: Vec<&str> = e.fields().iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["id", "topic", "payload", "created_at"]);
@@ -182,12 +201,12 @@ mod tests {
         let day = 86_400_000;
         let period = marker_period(20_000 * day + 5, day);
         assert_eq!(
-            marker_key("42.5", period.current, 3, "app:a.b"),
-            "outbox:dedupe:42.5:20000:3:app:a.b"
+            marker_key("", "42.5", period.current, 3, "a.b"),
+            "outbox:dedupe:42.5:20000:3:a.b"
         );
         assert_eq!(
-            marker_key("42.5", period.current - 1, 3, "app:a.b"),
-            "outbox:dedupe:42.5:19999:3:app:a.b"
+            marker_key("app:", "42.5", period.current - 1, 3, "app:a.b"),
+            "app:outbox:dedupe:42.5:19999:3:app:a.b"
         );
         assert_eq!(period.expires_at_ms, 20_002 * day);
         for now in [0, 1, 999, 1000, 1001, 123_456_789] {
@@ -199,6 +218,13 @@ mod tests {
         let later = marker_period(2999, 1000);
         assert_eq!(later.current - 1, then.current);
         assert_eq!(marker_period(5, 0).expires_at_ms, 7);
+    }
+
+    #[test]
+    fn errors_become_printable_ascii() {
+        assert_eq!(ascii_safe("WRONGTYPE Operation"), "WRONGTYPE Operation");
+        assert_eq!(ascii_safe("key 'café'"), "key 'caf\\u{e9}'");
+        assert_eq!(ascii_safe("a\nb\u{7f}"), "a\\u{a}b\\u{7f}");
     }
 
     #[test]

@@ -13,9 +13,10 @@ mod claim;
 pub mod encode;
 mod prune;
 pub mod publish;
+mod session;
 
 use std::collections::HashMap;
-use std::ffi::{c_long, CString};
+use std::ffi::c_long;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{
@@ -27,7 +28,7 @@ use pgrx::prelude::*;
 use crate::shmem::{self, Shared, WorkerSlot, WorkerState};
 use crate::{gucs, redis_url};
 use backoff::Backoff;
-use claim::{Failed, Statements};
+use claim::{Failure, Statements};
 use publish::{Interrupted, Markers, Publisher, Reply, Request, Target};
 
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
@@ -81,22 +82,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         slot.attach(pg_sys::MyProcPid, pg_sys::MyLatch);
         pg_sys::before_shmem_exit(Some(detach_slot), pg_sys::Datum::from(index));
     }
-    set_option(c"application_name", &format!("outbox relay {index}"));
-    // A claim planned during a large backlog would otherwise be JIT-compiled on every poll.
-    set_option(c"jit", "off");
-    set_option(c"statement_timeout", "0");
-    set_option(c"lock_timeout", "0");
-    set_option(c"idle_in_transaction_session_timeout", "0");
-    // The relay's statements are planned once and kept, and their plans never scan the table.
-    // Left to itself, the plan cache re-planned the claim on every pass (a tenth of the
-    // worker's CPU under a stream of commits), and a generic plan built while the table held a
-    // page or two was a sequential scan, kept through the next burst until autoanalyze ran.
-    // With sequential scans and sorts priced out, every plan walks an index (the claim the
-    // partial index on unpublished rows, the others the primary key), whatever the statistics
-    // say when it is built.
-    set_option(c"plan_cache_mode", "force_generic_plan");
-    set_option(c"enable_seqscan", "off");
-    set_option(c"enable_sort", "off");
+    session::pin_settings(&format!("outbox relay {index}"));
 
     BackgroundWorker::connect_worker_to_spi(Some(&gucs::database()), None);
 
@@ -109,19 +95,6 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
 unsafe extern "C-unwind" fn detach_slot(_code: i32, arg: pg_sys::Datum) {
     if let Some(shared) = shmem::shared() {
         shared.slots[arg.value().min(gucs::MAX_WORKERS as usize - 1)].detach();
-    }
-}
-
-fn set_option(name: &std::ffi::CStr, value: &str) {
-    let value = CString::new(value).unwrap_or_default();
-    // SAFETY: setting a GUC in our own process from its main thread.
-    unsafe {
-        pg_sys::SetConfigOption(
-            name.as_ptr(),
-            value.as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        );
     }
 }
 
@@ -225,6 +198,8 @@ struct Relay {
     statements: Option<Statements>,
     /// When the extension was last looked up in the catalog.
     extension_checked_at: Instant,
+    /// The extension's version, when it is not the one this library relays (logged once).
+    outdated_version: Option<String>,
     schema: String,
     state: WorkerState,
     /// When the last pass began, and how many events it published.
@@ -233,8 +208,9 @@ struct Relay {
     last_pass_interval: Duration,
     last_pass_published: u64,
     backoff: Backoff,
-    /// Events Redis rejected, with the time before which they are not claimed again.
-    retry_after: HashMap<i64, Instant>,
+    /// When a retry this worker scheduled falls due: it then polls early. The schedule itself
+    /// is in the table (`next_attempt_at`), shared by all workers and kept across restarts.
+    next_retry: Option<Instant>,
     /// Markers of committed batches, removed on the next round trip to Redis.
     committed_markers: Vec<Markers>,
 }
@@ -269,13 +245,14 @@ impl Relay {
             retention: None,
             statements: None,
             extension_checked_at: Instant::now(),
+            outdated_version: None,
             schema: String::new(),
             state: WorkerState::Starting,
             last_pass_started: Instant::now(),
             last_pass_interval: Duration::ZERO,
             last_pass_published: 0,
             backoff: Backoff::default(),
-            retry_after: HashMap::new(),
+            next_retry: None,
             committed_markers: Vec::new(),
         };
         relay.read_settings();
@@ -436,13 +413,15 @@ impl Relay {
         }
     }
 
-    /// The poll interval, or less when a rejected event's retry falls due sooner.
-    fn next_wait(&self) -> Duration {
+    /// The poll interval, or less when a retry this worker scheduled falls due sooner.
+    fn next_wait(&mut self) -> Duration {
         let now = Instant::now();
-        self.retry_after
-            .values()
+        if self.next_retry.is_some_and(|at| at <= now) {
+            self.next_retry = None;
+        }
+        self.next_retry
             .map(|at| at.saturating_duration_since(now))
-            .fold(self.poll_interval, Duration::min)
+            .map_or(self.poll_interval, |left| left.min(self.poll_interval))
             .max(Duration::from_millis(1))
     }
 
@@ -495,7 +474,25 @@ impl Relay {
             return None;
         }
         if self.statements.as_ref().map(|s| s.extension) != Some(oid) {
-            let schema = claim::extension_schema(oid)?;
+            self.statements = None;
+            let (schema, version) = claim::extension_schema(oid)?;
+            if version != env!("CARGO_PKG_VERSION") {
+                // The library was upgraded and the SQL objects not yet: relaying resumes once
+                // ALTER EXTENSION brings them to the version this library's statements need.
+                if self.outdated_version.as_deref() != Some(version.as_str()) {
+                    log!(
+                        "outbox relay {}: the extension's objects are at version {version}, this \
+                         library relays version {}; run ALTER EXTENSION outbox UPDATE in \
+                         database {}",
+                        self.index,
+                        env!("CARGO_PKG_VERSION"),
+                        gucs::database()
+                    );
+                    self.outdated_version = Some(version);
+                }
+                return None;
+            }
+            self.outdated_version = None;
             self.statements = Some(Statements::prepare(oid, &schema));
             self.schema = schema;
         }
@@ -515,15 +512,12 @@ impl Relay {
         if self.statements().is_none() {
             return nothing(Pass::NoExtension);
         }
-        let now_instant = Instant::now();
-        self.retry_after.retain(|_, at| *at > now_instant);
-        let mut not_yet: Vec<i64> = self.retry_after.keys().copied().collect();
         let chunk = chunk_size(self.batch_size);
         let Some(statements) = self.statements.as_ref() else {
             return nothing(Pass::NoExtension);
         };
-        let mut next = statements.claim(chunk, &not_yet);
-        if next.is_empty() && self.committed_markers.is_empty() {
+        let mut next = statements.claim(chunk);
+        if next.len() == 0 && self.committed_markers.is_empty() {
             return nothing(Pass::Drained);
         }
         let markers_sent = self.committed_markers.clone();
@@ -536,12 +530,21 @@ impl Relay {
             end: End::Commit,
         };
         loop {
-            let size = next.len();
-            claimed += size;
-            let ids: Vec<i64> = next.iter().map(|e| e.id).collect();
+            let got = next.len();
+            claimed += got;
+            if !next.unreadable.is_empty() {
+                self.charge_failures(std::mem::take(&mut next.unreadable));
+            }
+            let size = next.events.len();
+            let sent: Vec<(i64, String, i32)> = next
+                .events
+                .iter()
+                .map(|e| (e.id, e.topic.clone(), e.attempts))
+                .collect();
+            let ids: Vec<i64> = sent.iter().map(|e| e.0).collect();
             let request = Request {
                 target: self.target.clone(),
-                events: next,
+                events: next.events,
                 committed_markers: std::mem::take(&mut cleanup),
             };
             if !self.publisher.send(request) {
@@ -550,12 +553,12 @@ impl Relay {
             let Some(statements) = self.statements.as_ref() else {
                 return nothing(Pass::NoExtension);
             };
-            let mut following = Vec::new();
+            let mut following = claim::Claimed::default();
             if size > 0 {
                 // Written while Redis works; undone by the rollback if Redis fails.
-                statements.mark_published(ids.clone());
-                if size == chunk && claimed < self.batch_size {
-                    following = statements.claim(chunk.min(self.batch_size - claimed), &not_yet);
+                statements.mark_published(ids);
+                if got == chunk && claimed < self.batch_size {
+                    following = statements.claim(chunk.min(self.batch_size - claimed));
                 }
                 self.set_state(WorkerState::Publishing);
             }
@@ -592,21 +595,29 @@ impl Relay {
                         );
                         self.slot.set_error(None, now());
                     }
-                    let failures: Vec<(i64, String)> = ids
+                    let failures: Vec<Failure> = sent
                         .into_iter()
                         .zip(results)
-                        .filter_map(|(id, result)| result.err().map(|error| (id, error)))
+                        .filter_map(|((id, topic, attempts), result)| {
+                            result.err().map(|error| Failure {
+                                id,
+                                topic,
+                                attempts,
+                                error,
+                                permanent: false,
+                            })
+                        })
                         .collect();
                     batch.published += (size - failures.len()) as u64;
                     batch.markers.extend(markers);
                     if !failures.is_empty() {
-                        // Unmarked again, so the claims left in this transaction must skip them.
-                        not_yet.extend(failures.iter().map(|(id, _)| *id));
+                        // Unmarked, and scheduled for later: the claims left in this
+                        // transaction pass them by.
                         self.charge_failures(failures);
                     }
                 }
             }
-            if following.is_empty() {
+            if following.len() == 0 {
                 break;
             }
             next = following;
@@ -617,29 +628,46 @@ impl Relay {
         batch
     }
 
-    /// Takes the mark back from each event Redis rejected and charges it an attempt; buries
-    /// those out of attempts.
-    fn charge_failures(&mut self, failures: Vec<(i64, String)>) {
+    /// Takes the mark back from each event that failed, charges it an attempt and schedules its
+    /// retry; buries those out of attempts, and those that retrying cannot help.
+    fn charge_failures(&mut self, failures: Vec<Failure>) {
         let Some(statements) = self.statements.as_ref() else {
             return;
         };
+        let charges: Vec<(i64, String, Duration)> = failures
+            .iter()
+            .map(|f| {
+                let delay = backoff::event_retry_delay(f.attempts.saturating_add(1));
+                (f.id, f.error.clone(), delay)
+            })
+            .collect();
+        let attempts: HashMap<i64, i32> = statements
+            .record_failures(&charges)
+            .into_iter()
+            .map(|c| (c.id, c.attempts))
+            .collect();
         let mut exhausted = Vec::new();
         let mut last_error = None;
-        for failed in statements.record_failures(failures) {
-            let Failed {
+        for failure in failures {
+            let Failure {
                 id,
-                attempts,
                 topic,
                 error,
-            } = failed;
-            if attempts >= self.max_attempts {
+                permanent,
+                ..
+            } = failure;
+            let topic = encode::ascii_safe(&topic);
+            let error = encode::ascii_safe(&error);
+            let Some(&attempts) = attempts.get(&id) else {
+                continue;
+            };
+            if permanent || attempts >= self.max_attempts {
                 warning!(
                     "outbox relay {}: event {id} (topic {topic}) moved to outbox_dead after \
                      {attempts} failed attempts: {error}",
                     self.index
                 );
                 exhausted.push(id);
-                self.retry_after.remove(&id);
             } else {
                 if attempts == 1 {
                     warning!(
@@ -649,8 +677,8 @@ impl Relay {
                         self.max_attempts
                     );
                 }
-                self.retry_after
-                    .insert(id, Instant::now() + backoff::event_retry_delay(attempts));
+                let due = Instant::now() + backoff::event_retry_delay(attempts);
+                self.next_retry = Some(self.next_retry.map_or(due, |at| at.min(due)));
             }
             last_error = Some(error);
         }
@@ -693,22 +721,21 @@ impl Relay {
             return;
         }
         let schema = self.schema.clone();
-        let Some((low, high)) = in_transaction(|| (prune::id_span(&schema), End::Commit)) else {
+        let Some(mut from) = in_transaction(|| (prune::first_id(&schema), End::Commit)) else {
             return;
         };
-        let mut from = low;
         let mut deleted = 0;
         for _ in 0..prune::MAX_RANGES_PER_ROUND {
-            if from > high || shutdown_requested() {
+            if shutdown_requested() {
                 break;
             }
-            let (gone, reached_recent) =
+            let pruned =
                 in_transaction(|| (prune::prune_range(&schema, from, retention), End::Commit));
-            deleted += gone;
-            if reached_recent {
-                break;
+            deleted += pruned.deleted;
+            match pruned.next {
+                Some(next) => from = next,
+                None => break,
             }
-            from = from.saturating_add(prune::RANGE);
         }
         if deleted > 0 {
             debug1!(

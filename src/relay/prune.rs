@@ -1,10 +1,13 @@
 //! Pruning: published rows older than `outbox.retention` are deleted in id ranges, one short
 //! transaction per range, oldest first. Unpublished rows are never touched.
 //!
-//! Ids grow with time, so the walk starts at the smallest id and stops at the first range that
-//! holds a row published within the retention: everything past it is recent too. Each range is
-//! an index range scan on the primary key, so a round costs what it deletes, not the size of
-//! the history, and takes no lock beyond the rows it deletes.
+//! Ids grow with the time events are created, so the walk starts at the smallest id and stops
+//! at the first range that holds a row *created* within the retention: every row past it was
+//! created later, and so published later still. (The walk does not stop at a row *published*
+//! recently: a redriven old event is published long after its neighbours, and must not keep all
+//! later history.) Each range is an index range scan on the primary key, a gap in the ids is
+//! skipped in one step, so a round costs what it deletes, not the size of the history, and
+//! takes no lock beyond the rows it deletes.
 
 use std::time::Duration;
 
@@ -15,26 +18,40 @@ pub const RANGE: i64 = 10_000;
 /// Ranges one round may walk before it yields to relaying.
 pub const MAX_RANGES_PER_ROUND: usize = 100;
 
-/// The id span to walk: `[min(id), max(id)]` of the table, or `None` when it is empty.
-pub fn id_span(schema: &str) -> Option<(i64, i64)> {
+/// The smallest id in the table, or `None` when it is empty.
+pub fn first_id(schema: &str) -> Option<i64> {
     let s = spi::quote_identifier(schema);
-    Spi::get_two::<i64, i64>(&format!("SELECT min(id), max(id) FROM {s}.outbox"))
+    Spi::get_one::<i64>(&format!("SELECT pg_catalog.min(id) FROM {s}.outbox"))
         .ok()
-        .and_then(|(lo, hi)| Some((lo?, hi?)))
+        .flatten()
 }
 
-/// Deletes the expired published rows with ids in `[from, from + RANGE)`. Returns the number
-/// deleted and whether the range holds a row published within the retention (the walk's end).
-pub fn prune_range(schema: &str, from: i64, retention: Duration) -> (i64, bool) {
+/// What pruning one range did.
+pub struct Pruned {
+    pub deleted: i64,
+    /// Where the next range starts: the first id past this one, or `None` at the end of the
+    /// walk (no row past it, or this range holds a row created within the retention).
+    pub next: Option<i64>,
+}
+
+/// Deletes the expired published rows with ids in `[from, from + RANGE)`.
+pub fn prune_range(schema: &str, from: i64, retention: Duration) -> Pruned {
     let s = spi::quote_identifier(schema);
     let sql = format!(
-        "WITH cutoff AS (SELECT now() - $3 * interval '1 second' AS at), \
+        "WITH cutoff AS (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) \
+                                ($3 OPERATOR(pg_catalog.*) interval '1 second') AS at), \
               doomed AS (DELETE FROM {s}.outbox o USING cutoff \
-                         WHERE o.id >= $1 AND o.id < $2 AND o.published_at < cutoff.at \
+                         WHERE o.id OPERATOR(pg_catalog.>=) $1 \
+                           AND o.id OPERATOR(pg_catalog.<) $2 \
+                           AND o.published_at OPERATOR(pg_catalog.<) cutoff.at \
                          RETURNING 1) \
-         SELECT (SELECT count(*) FROM doomed), \
+         SELECT (SELECT pg_catalog.count(*) FROM doomed), \
                 EXISTS (SELECT 1 FROM {s}.outbox o, cutoff \
-                        WHERE o.id >= $1 AND o.id < $2 AND o.published_at >= cutoff.at)"
+                        WHERE o.id OPERATOR(pg_catalog.>=) $1 \
+                          AND o.id OPERATOR(pg_catalog.<) $2 \
+                          AND o.created_at OPERATOR(pg_catalog.>=) cutoff.at), \
+                (SELECT pg_catalog.min(o.id) FROM {s}.outbox o \
+                 WHERE o.id OPERATOR(pg_catalog.>=) $2)"
     );
     let to = from.saturating_add(RANGE);
     let seconds = retention.as_secs_f64();
@@ -49,6 +66,10 @@ pub fn prune_range(schema: &str, from: i64, retention: Duration) -> (i64, bool) 
             .first();
         let deleted = table.get::<i64>(1).ok().flatten().unwrap_or_default();
         let reached_recent = table.get::<bool>(2).ok().flatten().unwrap_or(true);
-        (deleted, reached_recent)
+        let after = table.get::<i64>(3).ok().flatten();
+        Pruned {
+            deleted,
+            next: after.filter(|_| !reached_recent),
+        }
     })
 }

@@ -61,7 +61,9 @@ pub enum Reply {
     Unavailable(String),
 }
 
-/// Whether a Redis error code concerns one event (its key) or the whole server.
+/// Whether a Redis error code concerns one event (its key) or the whole server. An ACL refusal
+/// (`NOPERM`) is the server's: it says what the relay's Redis user may do, and charging it to
+/// events would bury a whole backlog over a permission to fix.
 pub fn is_server_wide(code: &str) -> bool {
     matches!(
         code,
@@ -78,6 +80,7 @@ pub fn is_server_wide(code: &str) -> bool {
             | "NOREPLICAS"
             | "NOSCRIPT"
             | "EXECABORT"
+            | "NOPERM"
     )
 }
 
@@ -134,7 +137,8 @@ impl Publisher {
 }
 
 fn serve(incoming: Receiver<Request>, outgoing: Sender<Reply>) {
-    let mut connection: Option<(Target, redis::Connection)> = None;
+    block_signals();
+    let mut connection: Option<Connection> = None;
     for request in incoming {
         let reply = handle(&mut connection, request);
         if outgoing.send(reply).is_err() {
@@ -143,60 +147,224 @@ fn serve(incoming: Receiver<Request>, outgoing: Sender<Reply>) {
     }
 }
 
-fn connect(target: &Target) -> Result<redis::Connection, String> {
-    let client = redis::Client::open(target.url.as_str()).map_err(|e| e.to_string())?;
-    let connection = client
-        .get_connection_with_timeout(target.timeout)
-        .map_err(|e| e.to_string())?;
-    connection
-        .set_read_timeout(Some(target.timeout))
-        .map_err(|e| e.to_string())?;
-    connection
-        .set_write_timeout(Some(target.timeout))
-        .map_err(|e| e.to_string())?;
-    let mut connection = connection;
-    // Loaded on every new connection: a restarted or flushed Redis has forgotten it, and a
-    // NOSCRIPT reply counts as a lost connection.
-    redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(DEDUPE_SCRIPT)
-        .query::<String>(&mut connection)
-        .map_err(|e| e.to_string())?;
-    Ok(connection)
+/// Keeps the process's signals (SIGTERM, SIGHUP, SIGUSR1 ...) off this thread: they are the main
+/// thread's to handle, and one landing here would interrupt a socket read (EINTR), which would
+/// read as Redis being unavailable.
+fn block_signals() {
+    // SAFETY: fills a local signal set and installs it as this thread's mask.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
 }
 
-fn handle(slot: &mut Option<(Target, redis::Connection)>, request: Request) -> Reply {
-    let reusable = matches!(slot, Some((t, _)) if t.url == request.target.url && t.timeout == request.target.timeout);
+/// One connection to Redis, and what it was opened for.
+struct Connection {
+    url: String,
+    timeout: Duration,
+    inner: redis::Connection,
+    /// Whether the dedupe script is loaded (only needed, and only asked for, with dedupe on).
+    script_loaded: bool,
+}
+
+/// Opens a connection and checks that Redis answers on it.
+fn connect(target: &Target) -> Result<Connection, String> {
+    let client = redis::Client::open(target.url.as_str()).map_err(|e| describe(&e))?;
+    let mut inner = client
+        .get_connection_with_timeout(target.timeout)
+        .map_err(|e| describe(&e))?;
+    inner
+        .set_read_timeout(Some(target.timeout))
+        .map_err(|e| describe(&e))?;
+    inner
+        .set_write_timeout(Some(target.timeout))
+        .map_err(|e| describe(&e))?;
+    redis::cmd("PING")
+        .query::<String>(&mut inner)
+        .map_err(|e| describe(&e))?;
+    Ok(Connection {
+        url: target.url.clone(),
+        timeout: target.timeout,
+        inner,
+        script_loaded: false,
+    })
+}
+
+/// Loads the dedupe script on a connection that has not loaded it. A restarted or flushed
+/// Redis has forgotten it; a NOSCRIPT reply counts as a lost connection.
+fn load_script(connection: &mut Connection) -> Result<(), String> {
+    if !connection.script_loaded {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(DEDUPE_SCRIPT)
+            .query::<String>(&mut connection.inner)
+            .map_err(|e| describe(&e))?;
+        connection.script_loaded = true;
+    }
+    Ok(())
+}
+
+/// A client error as Redis words it (`NOPERM this user has no permissions ...`) when Redis
+/// answered, and as the client does otherwise (an I/O error, a timeout).
+fn describe(error: &redis::RedisError) -> String {
+    match (error.code(), error.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        _ => error.to_string(),
+    }
+}
+
+/// An error reply as Redis words it: `WRONGTYPE Operation against a key ...`.
+fn reply_error(error: &redis::ServerError) -> String {
+    match error.details() {
+        Some(detail) => format!("{} {detail}", error.code()),
+        None => error.code().to_string(),
+    }
+}
+
+/// Why a request could not be answered event by event.
+enum Failed {
+    /// Redis said no to the whole request (NOAUTH, NOPERM, OOM ...): nobody is charged.
+    Refused(String),
+    /// The connection failed in the middle of the request (an I/O error, a timeout, a reply
+    /// that makes no sense): Redis may be gone, or one event may have broken the connection.
+    Broken(String),
+}
+
+fn handle(slot: &mut Option<Connection>, request: Request) -> Reply {
+    match publish(slot, &request) {
+        Ok(reply) => reply,
+        Err(Failed::Refused(error)) => Reply::Unavailable(error),
+        Err(Failed::Broken(error)) => {
+            *slot = None;
+            // Whether Redis itself is reachable tells a lost Redis from an event that cannot
+            // be published (larger than Redis accepts, say): the first waits with backoff, the
+            // second is charged to its event, alone.
+            match connect(&request.target) {
+                Err(_) => Reply::Unavailable(error),
+                Ok(connection) => {
+                    *slot = Some(connection);
+                    isolate(slot, request, error)
+                }
+            }
+        }
+    }
+}
+
+/// Publishes the request's events one at a time, after a failure that a reachable Redis made
+/// of the whole request: each event that fails alone is charged with its error.
+fn isolate(slot: &mut Option<Connection>, request: Request, error: String) -> Reply {
+    if request.events.len() <= 1 {
+        return Reply::Answered {
+            results: vec![Err(error); request.events.len()],
+            markers: Vec::new(),
+        };
+    }
+    let mut results = Vec::with_capacity(request.events.len());
+    let mut markers = Vec::new();
+    let mut committed_markers = request.committed_markers;
+    for event in request.events {
+        let single = Request {
+            target: request.target.clone(),
+            events: vec![event],
+            committed_markers: std::mem::take(&mut committed_markers),
+        };
+        match publish(slot, &single) {
+            Ok(Reply::Answered {
+                results: mut one,
+                markers: left,
+            }) => {
+                results.append(&mut one);
+                markers.extend(left);
+            }
+            Ok(Reply::Unavailable(error)) | Err(Failed::Refused(error)) => {
+                return Reply::Unavailable(error)
+            }
+            Err(Failed::Broken(error)) => match retry_alone(slot, &single, error) {
+                Ok(Reply::Answered {
+                    results: mut one,
+                    markers: left,
+                }) => {
+                    results.append(&mut one);
+                    markers.extend(left);
+                }
+                Ok(Reply::Unavailable(error)) => return Reply::Unavailable(error),
+                Err(error) => results.push(Err(error)),
+            },
+        }
+    }
+    Reply::Answered { results, markers }
+}
+
+/// Sends one event again on a new connection, after it broke the one it was sent on (which an
+/// earlier event may have left half-closed). `Err` is the event's own failure: it broke a fresh
+/// connection too, while Redis still answers on another.
+fn retry_alone(
+    slot: &mut Option<Connection>,
+    single: &Request,
+    error: String,
+) -> Result<Reply, String> {
+    *slot = None;
+    match connect(&single.target) {
+        Err(_) => return Ok(Reply::Unavailable(error)),
+        Ok(connection) => *slot = Some(connection),
+    }
+    match publish(slot, single) {
+        Ok(reply) => Ok(reply),
+        Err(Failed::Refused(error)) => Ok(Reply::Unavailable(error)),
+        Err(Failed::Broken(error)) => {
+            *slot = None;
+            match connect(&single.target) {
+                Err(_) => Ok(Reply::Unavailable(error)),
+                Ok(connection) => {
+                    *slot = Some(connection);
+                    Err(error)
+                }
+            }
+        }
+    }
+}
+
+/// Sends the request as one pipeline on the slot's connection, opening one if needed.
+fn publish(slot: &mut Option<Connection>, request: &Request) -> Result<Reply, Failed> {
+    let target = &request.target;
+    let reusable = matches!(slot, Some(c) if c.url == target.url && c.timeout == target.timeout);
     if !reusable {
         *slot = None;
-        match connect(&request.target) {
-            Ok(connection) => *slot = Some((request.target.clone(), connection)),
-            Err(e) => {
-                return Reply::Unavailable(format!(
-                    "cannot connect to {}: {e}",
-                    redis_url::mask(&request.target.url)
-                ))
-            }
-        }
+        let connection = connect(target).map_err(|e| {
+            Failed::Refused(format!(
+                "cannot connect to {}: {e}",
+                redis_url::mask(&target.url)
+            ))
+        })?;
+        *slot = Some(connection);
     }
-    let Some((_, connection)) = slot.as_mut() else {
-        return Reply::Unavailable("no Redis connection".into());
+    let Some(connection) = slot.as_mut() else {
+        return Err(Failed::Refused("no Redis connection".into()));
     };
-
-    let (pipeline, layout) = build_pipeline(&request);
-    match pipeline.query::<Vec<Value>>(connection) {
-        Ok(values) => match read_replies(&request, &layout, values) {
-            Ok(reply) => reply,
-            Err(e) => {
-                *slot = None;
-                Reply::Unavailable(e)
-            }
-        },
-        Err(e) => {
+    if target.dedupe {
+        if let Err(e) = load_script(connection) {
             *slot = None;
-            Reply::Unavailable(e.to_string())
+            return Err(Failed::Refused(format!(
+                "cannot load the dedupe script (outbox.dedupe needs EVALSHA and SCRIPT LOAD): {e}"
+            )));
         }
     }
+    let (pipeline, layout) = build_pipeline(request);
+    let values = pipeline
+        .query::<Vec<Value>>(&mut connection.inner)
+        .map_err(|e| Failed::Broken(describe(&e)))?;
+    if values.iter().any(closes_connection) {
+        // Redis has closed this connection after its reply; the next request opens another.
+        *slot = None;
+    }
+    read_replies(request, &layout, values).map_err(|failure| {
+        if let Failed::Refused(_) = failure {
+            // NOSCRIPT, or a server that is going away: start afresh next time.
+            *slot = None;
+        }
+        failure
+    })
 }
 
 /// How the pipeline's replies map back to events: per command, the batch positions it covers.
@@ -234,9 +402,15 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
                 .arg(1 + 2 * runs.len())
                 .arg(&stream);
             for (shard, run) in &runs {
-                let current = marker_key(namespace, period.current, *shard, &stream);
-                let previous =
-                    marker_key(namespace, period.current.saturating_sub(1), *shard, &stream);
+                let prefix = &target.stream_prefix;
+                let current = marker_key(prefix, namespace, period.current, *shard, &stream);
+                let previous = marker_key(
+                    prefix,
+                    namespace,
+                    period.current.saturating_sub(1),
+                    *shard,
+                    &stream,
+                );
                 cmd.arg(&current).arg(previous);
                 layout.markers.push(Markers {
                     hash: current,
@@ -277,23 +451,35 @@ fn build_pipeline(request: &Request) -> (redis::Pipeline, Layout) {
     (pipe, layout)
 }
 
+/// Whether a reply is a protocol error, after which Redis closes the connection (a bulk
+/// argument larger than `proto-max-bulk-len`, say).
+fn closes_connection(value: &Value) -> bool {
+    match value {
+        Value::ServerError(e) => e
+            .details()
+            .is_some_and(|detail| detail.starts_with("Protocol error")),
+        Value::Array(items) => items.iter().any(closes_connection),
+        _ => false,
+    }
+}
+
 /// Turns the pipeline's replies into per-event results. A server-wide error anywhere makes the
 /// whole batch unavailable, so that no event is charged an attempt for it.
-fn read_replies(request: &Request, layout: &Layout, values: Vec<Value>) -> Result<Reply, String> {
+fn read_replies(request: &Request, layout: &Layout, values: Vec<Value>) -> Result<Reply, Failed> {
     if values.len() != layout.commands.len() {
-        return Err(format!(
+        return Err(Failed::Broken(format!(
             "Redis answered {} replies to {} commands",
             values.len(),
             layout.commands.len()
-        ));
+        )));
     }
     let mut results: Vec<Result<(), String>> = vec![Ok(()); request.events.len()];
     for (value, positions) in values.into_iter().zip(&layout.commands) {
         match value {
             Value::ServerError(e) => {
-                let message = e.to_string();
+                let message = reply_error(&e);
                 if is_server_wide(e.code()) {
-                    return Err(message);
+                    return Err(Failed::Refused(message));
                 }
                 for &p in positions {
                     results[p] = Err(message.clone());
@@ -301,27 +487,33 @@ fn read_replies(request: &Request, layout: &Layout, values: Vec<Value>) -> Resul
             }
             Value::Array(items) if request.target.dedupe => {
                 if items.len() != positions.len() {
-                    return Err("unexpected reply from the dedupe script".into());
+                    return Err(Failed::Broken(
+                        "unexpected reply from the dedupe script".into(),
+                    ));
                 }
                 for (item, &p) in items.into_iter().zip(positions) {
                     match item {
                         Value::BulkString(_) | Value::SimpleString(_) => {}
                         Value::ServerError(e) => {
                             if is_server_wide(e.code()) {
-                                return Err(e.to_string());
+                                return Err(Failed::Refused(reply_error(&e)));
                             }
-                            results[p] = Err(e.to_string());
+                            results[p] = Err(reply_error(&e));
                         }
                         other => {
-                            return Err(format!(
+                            return Err(Failed::Broken(format!(
                                 "unexpected item from the dedupe script: {other:?}"
-                            ))
+                            )))
                         }
                     }
                 }
             }
             Value::BulkString(_) | Value::SimpleString(_) if !request.target.dedupe => {}
-            other => return Err(format!("unexpected reply from Redis: {other:?}")),
+            other => {
+                return Err(Failed::Broken(format!(
+                    "unexpected reply from Redis: {other:?}"
+                )))
+            }
         }
     }
     Ok(Reply::Answered {
@@ -346,6 +538,7 @@ mod tests {
             "READONLY",
             "BUSY",
             "MISCONF",
+            "NOPERM",
         ] {
             assert!(is_server_wide(code), "{code}");
         }

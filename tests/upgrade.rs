@@ -1,0 +1,113 @@
+//! Upgrades between released versions: `CREATE EXTENSION outbox VERSION '0.1.0'`, events
+//! enqueued under it, then `ALTER EXTENSION outbox UPDATE`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{enqueue_many, wait_until, Pg, Redis};
+
+/// The extension's member objects as `pg_dump --binary-upgrade` writes them (it lists what an
+/// extension owns, which a plain dump leaves to `CREATE EXTENSION`), without the OIDs that
+/// differ from one database to another, and without the data-dependent lines a binary-upgrade
+/// dump adds.
+fn member_schema(pg: &Pg, database: &str) -> String {
+    let dump = pg.client_program(
+        "pg_dump",
+        &[
+            "--schema-only",
+            "--binary-upgrade",
+            "--no-owner",
+            "-d",
+            database,
+        ],
+    );
+    dump.lines()
+        .filter(|line| !line.contains("binary_upgrade_") && !line.starts_with("--"))
+        // psql's \restrict and \unrestrict lines carry a random key per dump.
+        .filter(|line| !line.starts_with('\\'))
+        .filter(|line| !line.contains("pg_extension_config_dump"))
+        // Per-database facts: transaction horizons, OIDs, and where the id sequence stands.
+        .filter(|line| {
+            !line.starts_with("SET relfrozenxid")
+                && !line.starts_with("WHERE oid = ")
+                && !line.contains("pg_catalog.setval(")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The released 0.1.0 objects with the new library: enqueueing works, the relay waits (its
+/// statements need the new objects) and says what to run; after `ALTER EXTENSION outbox
+/// UPDATE` the waiting events are published, and the upgraded objects equal a fresh install's.
+#[test]
+fn an_upgrade_from_0_1_0_publishes_waiting_events_and_matches_a_fresh_install() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.connect();
+    client
+        .batch_execute("CREATE EXTENSION outbox VERSION '0.1.0'")
+        .unwrap();
+    pg.wait_for_workers(1);
+    let ids = enqueue_many(&mut client, "upgrade", 3);
+    assert!(
+        wait_until(Duration::from_secs(10), || pg
+            .log()
+            .contains("run ALTER EXTENSION outbox UPDATE")),
+        "the relay did not say that the extension needs an update"
+    );
+    assert_eq!(
+        redis.xlen("upgrade"),
+        0,
+        "published through the old objects"
+    );
+
+    client
+        .batch_execute("ALTER EXTENSION outbox UPDATE")
+        .unwrap();
+    let version: String = client
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'outbox'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
+    assert!(
+        wait_until(Duration::from_secs(20), || pg.pending() == 0),
+        "the waiting events were not published after the update"
+    );
+    assert_eq!(redis.ids("upgrade"), ids);
+    let more = enqueue_many(&mut client, "upgrade", 2);
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("upgrade") == 5),
+        "events enqueued after the update were not published"
+    );
+    assert_eq!(redis.ids("upgrade")[3..], more[..]);
+
+    client.batch_execute("CREATE DATABASE fresh").unwrap();
+    pg.connect_to("fresh")
+        .batch_execute("CREATE EXTENSION outbox")
+        .unwrap();
+    let upgraded = member_schema(&pg, "postgres");
+    let fresh = member_schema(&pg, "fresh");
+    assert!(
+        upgraded.contains("CREATE TABLE public.outbox"),
+        "the dump lists no member objects:\n{upgraded}"
+    );
+    if upgraded != fresh {
+        let diff: Vec<String> = upgraded
+            .lines()
+            .zip(fresh.lines())
+            .filter(|(a, b)| a != b)
+            .take(10)
+            .map(|(a, b)| format!("upgraded: {a}\n   fresh: {b}"))
+            .collect();
+        panic!(
+            "the upgraded schema ({} lines) differs from a fresh install's ({} lines):\n{}",
+            upgraded.lines().count(),
+            fresh.lines().count(),
+            diff.join("\n")
+        );
+    }
+}
