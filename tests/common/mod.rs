@@ -100,6 +100,8 @@ pub struct Redis {
     dir: PathBuf,
     child: Option<Child>,
     password: Option<String>,
+    /// Extra `redis-server` options, kept for `start_again`.
+    args: Vec<String>,
 }
 
 impl Redis {
@@ -109,11 +111,21 @@ impl Redis {
 
     /// A server that requires `password` (`requirepass`).
     pub fn start_with_password(password: Option<&str>) -> Redis {
+        Redis::launch(password, &[])
+    }
+
+    /// A server started with extra options, e.g. `["--proto-max-bulk-len", "1mb"]`.
+    pub fn start_with_args(args: &[&str]) -> Redis {
+        Redis::launch(None, args)
+    }
+
+    fn launch(password: Option<&str>, args: &[&str]) -> Redis {
         let mut redis = Redis {
             port: free_port(),
             dir: scratch_dir("redis"),
             child: None,
             password: password.map(str::to_string),
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         redis.spawn();
         redis
@@ -136,6 +148,7 @@ impl Redis {
                     .iter()
                     .flat_map(|p| ["--requirepass", p.as_str()]),
             )
+            .args(&self.args)
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -348,21 +361,39 @@ impl Pg {
     }
 
     pub fn connect_to(&self, dbname: &str) -> Client {
-        let conninfo = format!(
-            "host=127.0.0.1 port={} user=postgres dbname={dbname} connect_timeout=10",
-            self.port
-        );
+        self.connect_with(dbname, "postgres", "")
+    }
+
+    /// Connects to `dbname` as `user` (a role created by the test, say).
+    pub fn connect_as(&self, dbname: &str, user: &str) -> Client {
+        self.connect_with(dbname, user, "")
+    }
+
+    /// Connects to `dbname` as `user` with `options` sent at connection start (`-c name=value
+    /// ...`, a space in a value escaped with a backslash): they apply before the first
+    /// statement, and win over the database's and the role's defaults.
+    pub fn connect_with(&self, dbname: &str, user: &str, options: &str) -> Client {
+        let mut config = postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user(user)
+            .dbname(dbname)
+            .connect_timeout(Duration::from_secs(10));
+        if !options.is_empty() {
+            config.options(options);
+        }
         let mut last = None;
         // Right after a crash restart the server refuses connections for a moment.
         for _ in 0..300 {
-            match Client::connect(&conninfo, postgres::NoTls) {
+            match config.connect(postgres::NoTls) {
                 Ok(client) => return client,
                 Err(e) => last = Some(e),
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "cannot connect to PostgreSQL on port {}: {last:?}",
+            "cannot connect to PostgreSQL on port {} as {user}: {last:?}",
             self.port
         )
     }
@@ -446,12 +477,24 @@ impl Pg {
 
     /// A streaming replica of this server, with the extension preloaded and `settings`.
     pub fn start_standby(&self, settings: &[(&str, &str)]) -> Pg {
-        let dir = scratch_dir("standby");
+        Pg::start_from_backup(self.base_backup(), settings)
+    }
+
+    /// A base backup of this server (`pg_basebackup -R -X stream`) in a scratch directory, not
+    /// started: `start_from_backup` starts it, as a standby of this server (promote it to
+    /// restore it as a primary).
+    pub fn base_backup(&self) -> PathBuf {
+        let dir = scratch_dir("backup");
         give_to_postgres(&dir);
         run(pg_command("pg_basebackup")
             .args(self.client_args())
             .args(["-R", "-X", "stream", "-D"])
             .arg(dir.join("data")));
+        dir
+    }
+
+    /// Starts the cluster of a `base_backup`, on a port of its own, with `settings`.
+    pub fn start_from_backup(dir: PathBuf, settings: &[(&str, &str)]) -> Pg {
         Pg::start_in(dir, settings)
     }
 

@@ -1,0 +1,1531 @@
+//! Hardening: the relay against a hostile database owner, inherited session defaults, ids used
+//! again, other database encodings, a Redis user with few rights, an absent synchronous
+//! standby, masses of rejected events, an event Redis can never take, pruning after a redrive,
+//! changes to the table, and a redrive by a role granted only EXECUTE.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use common::{enqueue_many, wait_until, Client, Pg, Redis};
+
+// ---------------------------------------------------------------------------------------------
+// Shared set-up
+// ---------------------------------------------------------------------------------------------
+
+/// Startup options of the test's own sessions: whatever a database's defaults say (a hostile
+/// search_path, read-only transactions, 1 ms timeouts), the test's statements run as in a plain
+/// session, and find pg_catalog's functions and operators first. Sent at connection start,
+/// they apply before the first statement.
+const SESSION_OPTIONS: &str = "-c search_path=pg_catalog,public \
+     -c default_transaction_read_only=off -c default_transaction_isolation=read\\ committed \
+     -c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0";
+
+/// A session of the test's in `db`, as `postgres`, with `SESSION_OPTIONS`.
+fn session(pg: &Pg, db: &str) -> Client {
+    pg.connect_with(db, "postgres", SESSION_OPTIONS)
+}
+
+/// Runs `sql` on a fresh `session` of `db`, trying again while the server restarts.
+fn query_in(pg: &Pg, db: &str, sql: &str) -> Vec<postgres::Row> {
+    let mut last = None;
+    for _ in 0..200 {
+        match session(pg, db).query(sql, &[]) {
+            Ok(rows) => return rows,
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{sql} kept failing in database {db}: {last:?}")
+}
+
+/// The one value `sql` returns in `db`, read on a fresh session.
+fn value_in<T: for<'a> postgres::types::FromSql<'a>>(pg: &Pg, db: &str, sql: &str) -> T {
+    query_in(pg, db, sql)[0].get(0)
+}
+
+fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
+    client.query_one(sql, &[]).unwrap().get(0)
+}
+
+fn sqlstate(error: &postgres::Error) -> String {
+    error
+        .code()
+        .map(|c| c.code().to_string())
+        .unwrap_or_else(|| format!("no SQLSTATE: {error}"))
+}
+
+/// `ids` as a SQL array literal.
+fn id_array(ids: &[i64]) -> String {
+    let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+    format!("'{{{}}}'::bigint[]", list.join(","))
+}
+
+/// The state and last error of the only relay worker, read in `db` (where the extension is).
+fn worker_state(pg: &Pg, db: &str) -> (String, Option<String>) {
+    let rows = query_in(pg, db, "SELECT state, last_error FROM outbox_workers");
+    (rows[0].get(0), rows[0].get(1))
+}
+
+/// Stops the relay worker with pg_terminate_backend and waits for the postmaster's new one.
+fn restart_worker(pg: &Pg) {
+    let before = pg.worker_pids();
+    assert_eq!(before.len(), 1, "one relay worker expected: {before:?}");
+    pg.connect()
+        .query_one("SELECT pg_terminate_backend($1)", &[&before[0]])
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let now = pg.worker_pids();
+            now.len() == 1 && now[0] != before[0]
+        }),
+        "the relay worker was not started again"
+    );
+}
+
+/// Makes every XADD to `key` fail with WRONGTYPE: the key holds a hash.
+fn poison(redis: &Redis, key: &str) {
+    redis::cmd("HSET")
+        .arg(key)
+        .arg("f")
+        .arg("v")
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
+}
+
+fn unpoison(redis: &Redis, key: &str) {
+    redis::cmd("DEL")
+        .arg(key)
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
+}
+
+/// Redis keys matching `pattern`, as text (bytes that are not UTF-8 replaced).
+fn keys(redis: &Redis, pattern: &str) -> Vec<String> {
+    let raw: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query(&mut redis.conn())
+        .unwrap();
+    raw.iter()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect()
+}
+
+/// Every entry of a stream as field name -> raw value bytes: what reached Redis, byte for
+/// byte, valid UTF-8 or not.
+fn raw_entries(redis: &Redis, stream: &str) -> Vec<HashMap<String, Vec<u8>>> {
+    let reply: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query(&mut redis.conn())
+        .expect("XRANGE failed");
+    reply
+        .into_iter()
+        .map(|(_, flat)| {
+            flat.chunks(2)
+                .map(|kv| (String::from_utf8_lossy(&kv[0]).into_owned(), kv[1].clone()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The value at or below which a share `p` of the sorted `values` fall (nearest rank).
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Set-up of the hostile database owner (behaviours 1 and 2)
+// ---------------------------------------------------------------------------------------------
+
+/// Functions mallory plants, as (name, argument types, result type, the real call): names the
+/// relay's SQL could resolve through search_path. Where pg_catalog's function is polymorphic
+/// (array_position, unnest, cardinality ...), an exact-typed one in any schema on the path
+/// wins over it even behind pg_catalog; the others win when the path puts her schema first.
+const TRAP_FUNCTIONS: &[(&str, &str, &str, &str)] = &[
+    (
+        "array_position",
+        "bigint[], bigint",
+        "integer",
+        "pg_catalog.array_position($1, $2)",
+    ),
+    (
+        "array_position",
+        "text[], text",
+        "integer",
+        "pg_catalog.array_position($1, $2)",
+    ),
+    (
+        "array_length",
+        "bigint[], integer",
+        "integer",
+        "pg_catalog.array_length($1, $2)",
+    ),
+    (
+        "cardinality",
+        "bigint[]",
+        "integer",
+        "pg_catalog.cardinality($1)",
+    ),
+    (
+        "array_append",
+        "bigint[], bigint",
+        "bigint[]",
+        "pg_catalog.array_append($1, $2)",
+    ),
+    (
+        "array_to_string",
+        "text[], text",
+        "text",
+        "pg_catalog.array_to_string($1, $2)",
+    ),
+    (
+        "unnest",
+        "bigint[]",
+        "SETOF bigint",
+        "pg_catalog.unnest($1)",
+    ),
+    ("unnest", "text[]", "SETOF text", "pg_catalog.unnest($1)"),
+    ("to_jsonb", "text", "jsonb", "pg_catalog.to_jsonb($1)"),
+    ("now", "", "timestamptz", "pg_catalog.now()"),
+    (
+        "clock_timestamp",
+        "",
+        "timestamptz",
+        "pg_catalog.clock_timestamp()",
+    ),
+    (
+        "statement_timestamp",
+        "",
+        "timestamptz",
+        "pg_catalog.statement_timestamp()",
+    ),
+    ("length", "text", "integer", "pg_catalog.length($1)"),
+    (
+        "octet_length",
+        "text",
+        "integer",
+        "pg_catalog.octet_length($1)",
+    ),
+    (
+        "convert_to",
+        "text, name",
+        "bytea",
+        "pg_catalog.convert_to($1, $2)",
+    ),
+    (
+        "convert_from",
+        "bytea, name",
+        "text",
+        "pg_catalog.convert_from($1, $2)",
+    ),
+    (
+        "to_char",
+        "timestamptz, text",
+        "text",
+        "pg_catalog.to_char($1, $2)",
+    ),
+    (
+        "timezone",
+        "text, timestamptz",
+        "timestamp",
+        "pg_catalog.timezone($1, $2)",
+    ),
+    (
+        "date_part",
+        "text, timestamptz",
+        "double precision",
+        "pg_catalog.date_part($1, $2)",
+    ),
+    // Named, with defaults, as pg_catalog's: a call like make_interval(secs => x) finds it.
+    (
+        "make_interval",
+        "years integer DEFAULT 0, months integer DEFAULT 0, weeks integer DEFAULT 0, \
+         days integer DEFAULT 0, hours integer DEFAULT 0, mins integer DEFAULT 0, \
+         secs double precision DEFAULT 0",
+        "interval",
+        "pg_catalog.make_interval($1, $2, $3, $4, $5, $6, $7)",
+    ),
+    (
+        "set_config",
+        "text, text, boolean",
+        "text",
+        "pg_catalog.set_config($1, $2, $3)",
+    ),
+];
+
+/// Operators mallory plants, as (operator, left type, right type, result type).
+const TRAP_OPERATORS: &[(&str, &str, &str, &str)] = &[
+    ("=", "bigint", "bigint", "boolean"),
+    ("<>", "bigint", "bigint", "boolean"),
+    ("<", "bigint", "bigint", "boolean"),
+    ("<=", "bigint", "bigint", "boolean"),
+    (">=", "bigint", "bigint", "boolean"),
+    ("<", "timestamptz", "timestamptz", "boolean"),
+    ("<=", "timestamptz", "timestamptz", "boolean"),
+    (">=", "timestamptz", "timestamptz", "boolean"),
+    ("+", "integer", "integer", "integer"),
+    ("+", "timestamptz", "interval", "timestamptz"),
+    ("-", "timestamptz", "interval", "timestamptz"),
+    ("*", "double precision", "interval", "interval"),
+    ("=", "text", "text", "boolean"),
+    ("||", "text", "text", "text"),
+];
+
+/// A cluster whose relay works in database `app`, owned by `mallory`, a role that is not a
+/// superuser; a superuser created the extension there (in `public`, which the database owner
+/// owns). Rejected events stay pending (100 attempts), and a 1 s retention makes the relay's
+/// pruning statements run during the test too.
+fn hostile_owner(redis: &Redis) -> Pg {
+    let pg = Pg::relaying_to(
+        redis,
+        &[
+            ("outbox.database", "app"),
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.max_attempts", "100"),
+            ("outbox.retention", "1s"),
+        ],
+    );
+    let mut admin = pg.connect();
+    admin.batch_execute("CREATE ROLE mallory LOGIN").unwrap();
+    admin
+        .batch_execute("CREATE DATABASE app OWNER mallory")
+        .unwrap();
+    session(&pg, "app")
+        .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+        .unwrap();
+    pg
+}
+
+/// As mallory, plants in `schema` of database `app` a function, operator or aggregate of each
+/// name the relay might call. Each one, called by a superuser, notes its name in
+/// `<schema>.trap_log` and makes mallory a superuser, then does the real job, so that nothing
+/// visible goes wrong.
+fn plant_traps(pg: &Pg, schema: &str) {
+    let s = schema;
+    let spring = |label: &str| {
+        format!(
+            "INSERT INTO {s}.trap_log VALUES ('{label}'); EXECUTE 'ALTER ROLE mallory SUPERUSER';"
+        )
+    };
+    let mut sql = format!("CREATE TABLE {s}.trap_log (fired text);\n");
+    for (name, args, result, real) in TRAP_FUNCTIONS {
+        let give = if result.starts_with("SETOF ") {
+            format!("RETURN QUERY SELECT {real};")
+        } else {
+            format!("RETURN {real};")
+        };
+        sql.push_str(&format!(
+            "CREATE FUNCTION {s}.{name}({args}) RETURNS {result} LANGUAGE plpgsql \
+             AS $trap$ BEGIN {} {give} END $trap$;\n",
+            spring(&format!("{name}({args})"))
+        ));
+    }
+    for (n, (op, left, right, result)) in TRAP_OPERATORS.iter().enumerate() {
+        sql.push_str(&format!(
+            "CREATE FUNCTION {s}.trap_operator_{n}(a {left}, b {right}) RETURNS {result} \
+             LANGUAGE plpgsql AS $trap$ BEGIN {} RETURN a OPERATOR(pg_catalog.{op}) b; END $trap$;\n\
+             CREATE OPERATOR {s}.{op} (LEFTARG = {left}, RIGHTARG = {right}, \
+             FUNCTION = {s}.trap_operator_{n});\n",
+            spring(&format!("operator {left} {op} {right}"))
+        ));
+    }
+    sql.push_str(&format!(
+        "CREATE FUNCTION {s}.trap_count(bigint) RETURNS bigint LANGUAGE plpgsql \
+         AS $trap$ BEGIN {} RETURN $1 OPERATOR(pg_catalog.+) 1; END $trap$;\n\
+         CREATE AGGREGATE {s}.count(*) (SFUNC = {s}.trap_count, STYPE = bigint, INITCOND = '0');\n\
+         CREATE FUNCTION {s}.trap_min(bigint, bigint) RETURNS bigint LANGUAGE plpgsql \
+         AS $trap$ BEGIN {} RETURN LEAST($1, $2); END $trap$;\n\
+         CREATE AGGREGATE {s}.min(bigint) (SFUNC = {s}.trap_min, STYPE = bigint);\n\
+         CREATE FUNCTION {s}.trap_max(bigint, bigint) RETURNS bigint LANGUAGE plpgsql \
+         AS $trap$ BEGIN {} RETURN GREATEST($1, $2); END $trap$;\n\
+         CREATE AGGREGATE {s}.max(bigint) (SFUNC = {s}.trap_max, STYPE = bigint);\n",
+        spring("count(*)"),
+        spring("min(bigint)"),
+        spring("max(bigint)"),
+    ));
+    pg.connect_as("app", "mallory")
+        .batch_execute(&sql)
+        .unwrap_or_else(|e| panic!("mallory could not plant her functions: {e:?}"));
+}
+
+fn mallory_is_superuser(pg: &Pg) -> bool {
+    one(
+        &mut pg.connect(),
+        "SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'",
+    )
+}
+
+/// The test only means something if the traps work: a superuser session of `app` with the
+/// database's own defaults that runs `sql` (a call naming no schema) makes mallory a
+/// superuser. Rolled back.
+fn assert_traps_spring(pg: &Pg, sql: &str) {
+    let mut victim = pg.connect_to("app");
+    let mut tx = victim.transaction().unwrap();
+    tx.batch_execute(sql).unwrap();
+    let escalated: bool = tx
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        escalated,
+        "precondition: a superuser running {sql} in app makes mallory a superuser"
+    );
+    tx.rollback().unwrap();
+    assert!(!mallory_is_superuser(pg), "the rollback undid it");
+}
+
+/// Enqueues (in `app`) an event on a poisoned stream and three healthy ones, and waits until the
+/// relay has run each of its paths there: the healthy events published and marked, the
+/// rejected one charged an attempt, and the published rows pruned. The test's statements call
+/// none of the planted names, and name the extension's objects with their schema.
+fn relay_in_app_through_every_path(pg: &Pg, redis: &Redis) {
+    poison(redis, "bad");
+    let mut app = session(pg, "app");
+    let bad: i64 = one(
+        &mut app,
+        "SELECT public.outbox_enqueue('bad', '{\"n\": 0}')",
+    );
+    let good: Vec<i64> = (1..=3)
+        .map(|n| {
+            app.query_one(
+                "SELECT public.outbox_enqueue('good', $1::text::jsonb)",
+                &[&format!("{{\"n\": {n}}}")],
+            )
+            .unwrap()
+            .get(0)
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("good") == 3),
+        "the healthy events were not published"
+    );
+    assert_eq!(redis.ids("good"), good);
+    let unmarked = format!(
+        "SELECT count(*) FROM public.outbox WHERE id = ANY({}) AND published_at IS NULL",
+        id_array(&good)
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || value_in::<i64>(
+            pg, "app", &unmarked
+        ) == 0),
+        "the healthy events were not marked published"
+    );
+    let charged = format!("SELECT attempts FROM public.outbox WHERE id = {bad}");
+    assert!(
+        wait_until(Duration::from_secs(30), || value_in::<i32>(
+            pg, "app", &charged
+        ) >= 1),
+        "the rejected event was never charged an attempt"
+    );
+    let kept = format!(
+        "SELECT count(*) FROM public.outbox WHERE id = ANY({})",
+        id_array(&good)
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || value_in::<i64>(
+            pg, "app", &kept
+        ) == 0),
+        "the published events were never pruned (retention 1s)"
+    );
+}
+
+/// Mallory is not a superuser, and none of her functions ran.
+fn assert_mallory_gained_nothing(pg: &Pg, schema: &str) {
+    let fired: Vec<String> = query_in(pg, "app", &format!("SELECT fired FROM {schema}.trap_log"))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        !mallory_is_superuser(pg),
+        "mallory became a superuser: the relay ran her {fired:?}"
+    );
+    assert!(fired.is_empty(), "the relay ran mallory's {fired:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1, 2: a hostile database owner
+// ---------------------------------------------------------------------------------------------
+
+/// The relay runs as the bootstrap superuser inside a database whose owner may be anyone. An
+/// owner who is not a superuser must not get it to run her code: here she plants, in the
+/// `public` schema she owns, exact-typed overloads that beat pg_catalog's polymorphic functions
+/// (the relay's failure statement used to call `array_position(bigint[], bigint)` unqualified,
+/// so the first rejected event made her a superuser).
+#[test]
+fn a_database_owner_cannot_hijack_the_relay_with_overloads() {
+    let redis = Redis::start();
+    let pg = hostile_owner(&redis);
+    plant_traps(&pg, "public");
+    assert_traps_spring(
+        &pg,
+        "SELECT array_position(ARRAY[1, 2]::bigint[], 2::bigint)",
+    );
+    // The worker connects, and prepares its statements, with the overloads in place.
+    pg.restart();
+    pg.wait_for_workers(1);
+    relay_in_app_through_every_path(&pg, &redis);
+    assert_mallory_gained_nothing(&pg, "public");
+}
+
+/// The same owner sets her database's search_path to put her schema before pg_catalog, with
+/// functions, operators and aggregates of the names the relay calls in it: a relay that took
+/// the database's search_path would run them (`now()` in its first mark) as a superuser.
+#[test]
+fn a_database_owner_cannot_hijack_the_relay_through_search_path() {
+    let redis = Redis::start();
+    let pg = hostile_owner(&redis);
+    pg.connect_as("app", "mallory")
+        .batch_execute("CREATE SCHEMA evil")
+        .unwrap();
+    plant_traps(&pg, "evil");
+    pg.connect_as("app", "mallory")
+        .batch_execute("ALTER DATABASE app SET search_path = evil, pg_catalog")
+        .unwrap();
+    let path: String = one(&mut pg.connect_as("app", "mallory"), "SHOW search_path");
+    assert_eq!(
+        path, "evil, pg_catalog",
+        "precondition: the database default"
+    );
+    assert_traps_spring(&pg, "SELECT now()");
+    // The worker connects again, with the database's new defaults.
+    pg.restart();
+    pg.wait_for_workers(1);
+    relay_in_app_through_every_path(&pg, &redis);
+    assert_mallory_gained_nothing(&pg, "evil");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3: inherited session defaults
+// ---------------------------------------------------------------------------------------------
+
+/// Settings made with `ALTER DATABASE ... SET` apply to every new session of the database,
+/// the relay's included unless it pins its own: serializable transactions can make its workers
+/// fail on each other, read-only ones make every mark fail, and 1 ms timeouts cancel its
+/// statements. Four workers drain 20,000 events with all of these set on their database.
+#[test]
+fn database_defaults_do_not_reach_the_relay() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.database", "app"),
+            ("outbox.workers", "4"),
+            ("outbox.batch_size", "100"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    // A database of its own, so that the harness's sessions (in postgres) keep plain defaults;
+    // the test's own sessions in app override them at connection start.
+    let mut admin = pg.connect();
+    admin.batch_execute("CREATE DATABASE app").unwrap();
+    session(&pg, "app")
+        .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+        .unwrap();
+    admin
+        .batch_execute(
+            "ALTER DATABASE app SET default_transaction_isolation = 'serializable';
+             ALTER DATABASE app SET default_transaction_read_only = on;
+             ALTER DATABASE app SET statement_timeout = '1ms';
+             ALTER DATABASE app SET lock_timeout = '1ms';
+             ALTER DATABASE app SET idle_in_transaction_session_timeout = '1ms';",
+        )
+        .unwrap();
+    let defaults: Vec<String> = one(
+        &mut admin,
+        "SELECT setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase \
+         WHERE d.datname = 'app' AND s.setrole = 0",
+    );
+    assert_eq!(defaults.len(), 5, "precondition: {defaults:?}");
+    drop(admin);
+    // The workers connect again, with the database's new defaults.
+    pg.restart();
+    pg.wait_for_workers(4);
+    let pids = pg.worker_pids();
+
+    let mut app = session(&pg, "app");
+    let mut expected = BTreeSet::new();
+    for _ in 0..4 {
+        expected.extend(enqueue_many(&mut app, "burst", 5_000));
+    }
+    let started = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(120), || value_in::<i64>(
+            &pg,
+            "app",
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+        ) == 0),
+        "the backlog was not drained"
+    );
+    println!(
+        "4 workers drained 20000 events under hostile defaults in {:?}",
+        started.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let ids = redis.ids("burst");
+    let unique: BTreeSet<i64> = ids.iter().copied().collect();
+    assert_eq!(unique, expected, "every event reaches its stream");
+    assert_eq!(ids.len(), expected.len(), "an event was published twice");
+    assert_eq!(pg.worker_pids(), pids, "a worker exited and was restarted");
+    let log = pg.log();
+    for symptom in [
+        "could not serialize",
+        "read-only transaction",
+        "canceling statement due to statement timeout",
+        "canceling statement due to lock timeout",
+        "idle-in-transaction timeout",
+    ] {
+        assert!(!log.contains(symptom), "the server log says {symptom:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4: ids used again
+// ---------------------------------------------------------------------------------------------
+
+/// Enqueues five events on `t` with payloads {"gen": `generation`, "n": 1..5} in one
+/// transaction; returns their (id, payload as JSON text).
+fn enqueue_generation(client: &mut Client, generation: i32) -> Vec<(i64, String)> {
+    client
+        .query(
+            "SELECT outbox_enqueue('t', jsonb_build_object('gen', $1::int, 'n', g)), \
+                    jsonb_build_object('gen', $1::int, 'n', g)::text \
+             FROM generate_series(1, 5) g",
+            &[&generation],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+fn ids_of(events: &[(i64, String)]) -> Vec<i64> {
+    events.iter().map(|(id, _)| *id).collect()
+}
+
+/// Publishes a first generation of five events (ids 1 to 5) and checks that the markers of
+/// its batch are still in Redis: with `outbox.poll_interval = 1h` nothing removes them before
+/// the worker's next wake-up. Returns the generation.
+fn publish_first_generation(pg: &Pg, redis: &Redis) -> Vec<(i64, String)> {
+    let first = enqueue_generation(&mut pg.connect(), 1);
+    assert_eq!(ids_of(&first), [1, 2, 3, 4, 5]);
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("t") == 5),
+        "the first generation was not published"
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || pg.pending() == 0),
+        "the first generation was not marked published"
+    );
+    let markers = keys(redis, "*outbox:dedupe:*");
+    assert!(
+        !markers.is_empty(),
+        "precondition: the dedupe markers of the last batch are still in Redis"
+    );
+    println!("markers left in Redis: {markers:?}");
+    first
+}
+
+/// After the ids of `first` were given to `second`: both generations are in the stream, in
+/// order, each event once, and (id, created_at) tells the ten apart.
+fn assert_both_generations_published(
+    pg: &Pg,
+    redis: &Redis,
+    first: &[(i64, String)],
+    second: &[(i64, String)],
+) {
+    assert_eq!(
+        ids_of(second),
+        ids_of(first),
+        "precondition: the second generation has the first one's ids"
+    );
+    let arrived = wait_until(Duration::from_secs(30), || redis.xlen("t") >= 10);
+    let payloads = |redis: &Redis| -> Vec<String> {
+        redis
+            .entries("t")
+            .into_iter()
+            .map(|(_, f)| f["payload"].clone())
+            .collect()
+    };
+    assert!(
+        arrived,
+        "events with ids used again were taken for the earlier events and dropped: the stream \
+         holds {:?}",
+        payloads(redis)
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || pg.pending() == 0),
+        "the second generation was not marked published"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let expected: Vec<String> = first.iter().chain(second).map(|(_, p)| p.clone()).collect();
+    assert_eq!(payloads(redis), expected, "each event once, in order");
+    let identities: BTreeSet<(String, String)> = redis
+        .entries("t")
+        .into_iter()
+        .map(|(_, f)| (f["id"].clone(), f["created_at"].clone()))
+        .collect();
+    assert_eq!(
+        identities.len(),
+        10,
+        "(id, created_at) tells the events apart"
+    );
+}
+
+/// `TRUNCATE outbox RESTART IDENTITY` gives the next events ids 1, 2 ... again, while the dedupe
+/// markers of the events that had them may still be in Redis (here: left by a worker that
+/// stopped before removing them). The new events must not be mistaken for the old ones and
+/// dropped.
+#[test]
+fn ids_used_again_after_truncate_restart_identity_are_published() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "1h")]);
+    pg.with_extension();
+    pg.wait_for_workers(1);
+    let first = publish_first_generation(&pg, &redis);
+    // The new worker does not know the markers: nothing removes them now.
+    restart_worker(&pg);
+    let mut client = pg.connect();
+    client
+        .batch_execute("TRUNCATE outbox RESTART IDENTITY")
+        .unwrap();
+    let second = enqueue_generation(&mut client, 2);
+    assert_both_generations_published(&pg, &redis, &first, &second);
+}
+
+/// The same with the rows deleted and the sequence set back by hand.
+#[test]
+fn ids_used_again_after_setval_are_published() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "1h")]);
+    pg.with_extension();
+    pg.wait_for_workers(1);
+    let first = publish_first_generation(&pg, &redis);
+    restart_worker(&pg);
+    let mut client = pg.connect();
+    client
+        .batch_execute("DELETE FROM outbox; SELECT setval('outbox_id_seq', 1, false)")
+        .unwrap();
+    let second = enqueue_generation(&mut client, 2);
+    assert_both_generations_published(&pg, &redis, &first, &second);
+}
+
+/// A base backup taken before the first events, restored after they were published: the
+/// restored cluster (same system identifier, same database) gives the same ids to new events,
+/// while the markers of the lost ones are in Redis.
+#[test]
+fn ids_used_again_after_restoring_a_base_backup_are_published() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let settings = [
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.poll_interval", "1h"),
+    ];
+    let pg = Pg::start(&settings);
+    pg.with_extension();
+    pg.wait_for_workers(1);
+    let backup = pg.base_backup();
+    let first = publish_first_generation(&pg, &redis);
+    pg.stop("immediate");
+
+    let restored = Pg::start_from_backup(backup, &settings);
+    restored.promote();
+    restored.wait_for_workers(1);
+    let second = enqueue_generation(&mut restored.connect(), 2);
+    assert_both_generations_published(&restored, &redis, &first, &second);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5: database encodings
+// ---------------------------------------------------------------------------------------------
+
+/// A cluster relaying from a new database `db` created with `encoding`, with the extension.
+fn encoded_database(redis: &Redis, db: &str, encoding: &str) -> Pg {
+    let pg = Pg::relaying_to(
+        redis,
+        &[
+            ("outbox.database", db),
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.max_attempts", "2"),
+        ],
+    );
+    pg.connect()
+        .batch_execute(&format!(
+            "CREATE DATABASE {db} ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        ))
+        .unwrap();
+    session(&pg, db)
+        .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+        .unwrap();
+    // The worker connects to the database from the start.
+    pg.restart();
+    pg.wait_for_workers(1);
+    pg
+}
+
+/// Waits until `stream` (UTF-8) holds `n` entries; names the keys Redis holds if it does not.
+fn assert_stream_fills(redis: &Redis, stream: &str, n: usize) {
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen(stream) == n),
+        "stream {stream} holds {} entries, not {n}; keys in Redis: {:?}",
+        redis.xlen(stream),
+        keys(redis, "*")
+    );
+}
+
+fn assert_no_crash(pg: &Pg, pids: &[i32]) {
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        pg.worker_pids(),
+        pids,
+        "the worker exited and was restarted"
+    );
+    assert!(!pg.log().contains("panicked"), "the relay panicked");
+}
+
+/// Text in a LATIN1 database is stored in LATIN1: the relay must send it to Redis as UTF-8
+/// (it used to read it as if it were UTF-8), in the stream key as in the fields.
+#[test]
+fn a_latin1_database_publishes_its_events_as_utf8() {
+    let redis = Redis::start();
+    let pg = encoded_database(&redis, "latin", "LATIN1");
+    let pids = pg.worker_pids();
+    let mut client = session(&pg, "latin");
+    // The client speaks UTF-8; the server converts.
+    let id: i64 = client
+        .query_one(
+            "SELECT outbox_enqueue($1, $2::text::jsonb)",
+            &[&"café", &r#"{"name": "Zoë"}"#],
+        )
+        .unwrap()
+        .get(0);
+    let stored: i32 = client
+        .query_one(
+            "SELECT octet_length(topic) FROM outbox WHERE id = $1",
+            &[&id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 4, "precondition: the topic is stored in LATIN1");
+    let plain: i64 = one(&mut client, "SELECT outbox_enqueue('plain', '{\"n\": 1}')");
+
+    assert_stream_fills(&redis, "café", 1);
+    let entries = raw_entries(&redis, "café");
+    assert_eq!(entries[0]["id"], id.to_string().into_bytes());
+    assert_eq!(entries[0]["topic"], "café".as_bytes());
+    assert_eq!(
+        String::from_utf8_lossy(&entries[0]["payload"]),
+        r#"{"name": "Zoë"}"#
+    );
+    assert_eq!(entries[0]["payload"], r#"{"name": "Zoë"}"#.as_bytes());
+    assert_stream_fills(&redis, "plain", 1);
+    assert_eq!(redis.ids("plain"), [plain]);
+    assert!(
+        wait_until(Duration::from_secs(10), || value_in::<i64>(
+            &pg,
+            "latin",
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+        ) == 0),
+        "the events were not marked published"
+    );
+    assert_no_crash(&pg, &pids);
+}
+
+/// A SQL_ASCII database stores whatever bytes it is given. Valid UTF-8 goes out as is; an event
+/// whose text is not UTF-8 cannot be sent as a Redis Stream entry of JSON: it goes to
+/// outbox_dead saying why, and the events behind it go out.
+#[test]
+fn a_sql_ascii_database_buries_what_is_not_utf8() {
+    let redis = Redis::start();
+    let pg = encoded_database(&redis, "ascii", "SQL_ASCII");
+    let pids = pg.worker_pids();
+    let mut client = session(&pg, "ascii");
+    let name: i64 = client
+        .query_one(
+            "SELECT outbox_enqueue('names', $1::text::jsonb)",
+            &[&r#"{"name": "Zoë"}"#],
+        )
+        .unwrap()
+        .get(0);
+    let mut tx = client.transaction().unwrap();
+    // Built on the server: the client can only send UTF-8.
+    let bad: i64 = tx
+        .query_one(
+            r#"SELECT outbox_enqueue('bad', ('{"a": "' || convert_from('\xe9'::bytea, 'SQL_ASCII') || '"}')::jsonb)"#,
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let stored: Vec<u8> = tx
+        .query_one(
+            "SELECT convert_to(payload::text, 'SQL_ASCII') FROM outbox WHERE id = $1",
+            &[&bad],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        stored, b"{\"a\": \"\xe9\"}",
+        "precondition: the payload holds the lone byte 0xE9"
+    );
+    tx.commit().unwrap();
+    let after: i64 = one(&mut client, "SELECT outbox_enqueue('after', '{\"n\": 1}')");
+
+    assert_stream_fills(&redis, "after", 1);
+    assert_eq!(redis.ids("after"), [after]);
+    assert_stream_fills(&redis, "names", 1);
+    let entries = raw_entries(&redis, "names");
+    assert_eq!(entries[0]["id"], name.to_string().into_bytes());
+    assert_eq!(entries[0]["payload"], r#"{"name": "Zoë"}"#.as_bytes());
+
+    let buried = format!("SELECT count(*) FROM outbox_dead WHERE id = {bad}");
+    assert!(
+        wait_until(Duration::from_secs(60), || value_in::<i64>(
+            &pg, "ascii", &buried
+        ) == 1),
+        "the event that is not UTF-8 never reached outbox_dead"
+    );
+    // Read as bytes: nothing of the event's own text goes through the UTF-8 client.
+    let error: Option<Vec<u8>> = value_in(
+        &pg,
+        "ascii",
+        &format!("SELECT convert_to(last_error, 'SQL_ASCII') FROM outbox_dead WHERE id = {bad}"),
+    );
+    let error = String::from_utf8_lossy(&error.unwrap_or_default()).to_lowercase();
+    assert!(
+        error.contains("utf8") || error.contains("utf-8"),
+        "last_error does not say the text is not UTF-8: {error:?}"
+    );
+    assert_eq!(redis.xlen("bad"), 0, "the event was published anyway");
+    assert_no_crash(&pg, &pids);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6: a Redis user limited to the stream prefix, without scripting
+// ---------------------------------------------------------------------------------------------
+
+/// A Redis user that may not run scripts cannot publish with `outbox.dedupe = on`: that is a
+/// fault of the configuration, not of the events, and must not use up their attempts (which
+/// would bury the whole backlog); the worker backs off saying why, and once the user may run
+/// scripts the events go out, with the markers kept under the stream prefix the user is
+/// limited to.
+#[test]
+fn a_redis_user_without_scripting_holds_events_back_uncharged() {
+    let redis = Redis::start();
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("relay")
+        .arg("on")
+        .arg(">pw")
+        .arg("~app:*")
+        .arg("+@all")
+        .arg("-@scripting")
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    let url = format!("redis://relay:pw@127.0.0.1:{}", redis.port);
+    let mut pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.stream_prefix", "app:"),
+        ("outbox.dedupe", "off"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let first = enqueue_many(&mut client, "orders", 10);
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("app:orders") == 10),
+        "without dedupe the user's rights suffice, yet the events were not published"
+    );
+    assert_eq!(redis.ids("app:orders"), first);
+
+    pg.set(&[("outbox.dedupe", "on")]);
+    assert!(
+        wait_until(Duration::from_secs(20), || pg
+            .log()
+            .lines()
+            .any(|l| l.contains("reloaded") && l.contains("dedupe=on"))),
+        "the worker did not reload dedupe=on"
+    );
+    let second = enqueue_many(&mut client, "orders", 10);
+    assert!(
+        wait_until(Duration::from_secs(20), || worker_state(&pg, "postgres").0
+            == "backoff"),
+        "the worker did not back off: {:?}",
+        worker_state(&pg, "postgres")
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    // A retry may be under way at any moment: the state settles back to backoff.
+    assert!(
+        wait_until(Duration::from_secs(10), || worker_state(&pg, "postgres").0
+            == "backoff"),
+        "the worker left backoff: {:?}",
+        worker_state(&pg, "postgres")
+    );
+    let error = worker_state(&pg, "postgres").1.unwrap_or_default();
+    assert!(error.contains("NOPERM"), "last_error: {error}");
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE id = ANY($1) AND published_at IS NULL AND attempts = 0",
+            &[&second],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 10, "events were charged for the Redis user's rights");
+    assert_eq!(
+        one::<i64>(&mut client, "SELECT count(*) FROM outbox_dead"),
+        0
+    );
+    assert_eq!(redis.xlen("app:orders"), 10);
+
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("relay")
+        .arg("+@scripting")
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("app:orders") == 20),
+        "the events did not go out once the user could run scripts: {:?}",
+        worker_state(&pg, "postgres")
+    );
+    let mut expected = first;
+    expected.extend(second);
+    assert_eq!(redis.ids("app:orders"), expected);
+    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
+    assert_eq!(
+        one::<i64>(&mut client, "SELECT count(*) FROM outbox_dead"),
+        0
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7: a dead letter with an id used again
+// ---------------------------------------------------------------------------------------------
+
+/// `outbox_dead` keeps its rows when `outbox` is truncated and its ids restart: a new event
+/// with the id of a dead letter that then fails for good must be buried beside it. The
+/// conflict used to abort the relay's transaction, restart the worker and do it all again,
+/// with nothing marked.
+#[test]
+fn a_dead_letter_with_an_id_used_again_is_kept_beside_the_first() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.max_attempts", "1"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let pids = pg.worker_pids();
+    poison(&redis, "bad");
+    let first: i64 = one(&mut client, "SELECT outbox_enqueue('bad', '{\"try\": 1}')");
+    let buried = format!("SELECT count(*) FROM outbox_dead WHERE id = {first}");
+    assert!(
+        wait_until(Duration::from_secs(30), || one::<i64>(
+            &mut pg.connect(),
+            &buried
+        ) == 1),
+        "the first bad event never reached outbox_dead"
+    );
+    client
+        .batch_execute("TRUNCATE outbox RESTART IDENTITY")
+        .unwrap();
+    let second: i64 = one(&mut client, "SELECT outbox_enqueue('bad', '{\"try\": 2}')");
+    assert_eq!(second, first, "precondition: the id is used again");
+    let good = enqueue_many(&mut client, "good", 5);
+
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("good") == 5),
+        "the good events were not published"
+    );
+    assert_eq!(redis.ids("good"), good);
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "the good events were not marked published"
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || one::<i64>(
+            &mut pg.connect(),
+            &buried
+        ) == 2),
+        "the second dead letter with id {first} was not kept"
+    );
+    let row = client
+        .query_one(
+            "SELECT count(DISTINCT payload::text), count(DISTINCT created_at) FROM outbox_dead \
+             WHERE id = $1",
+            &[&first],
+        )
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+        (2, 2),
+        "both dead letters, told apart by created_at"
+    );
+    assert_eq!(
+        pg.worker_pids(),
+        pids,
+        "the worker exited and was restarted"
+    );
+    assert!(!pg.log().contains("duplicate key"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8: an absent synchronous standby
+// ---------------------------------------------------------------------------------------------
+
+/// With `synchronous_standby_names` naming a standby that is not there, every commit that waits
+/// for it waits forever. The relay's must not: it used to publish its first batch, then hang in
+/// the commit (relaying nothing more), and a fast shutdown waited for it until pg_ctl gave up.
+#[test]
+fn fast_shutdown_is_quick_with_an_absent_synchronous_standby() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("synchronous_standby_names", "nobody"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.connect();
+    // The test's own commits must not wait for the standby either.
+    client
+        .batch_execute("SET synchronous_commit = local")
+        .unwrap();
+    client.batch_execute("CREATE EXTENSION outbox").unwrap();
+    pg.wait_for_workers(1);
+    let mut ids = enqueue_many(&mut client, "sync", 1);
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("sync") == 1),
+        "the first event was not published"
+    );
+    ids.extend(enqueue_many(&mut client, "sync", 100));
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("sync") == 101),
+        "the relay stopped after its first batch: its commit waits for the absent standby"
+    );
+    println!("unmarked events at shutdown: {}", pg.pending());
+    drop(client);
+    let took = pg.stop("fast");
+    println!("fast shutdown took {took:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "fast shutdown took {took:?} with an absent synchronous standby"
+    );
+    assert_eq!(redis.ids("sync"), ids, "every event reached Redis once");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9: many rejected events next to a healthy topic
+// ---------------------------------------------------------------------------------------------
+
+/// Events Redis rejects wait out their retry delays in the table. 30,000 of them must not slow
+/// the events of a healthy topic: claims used to pass over every waiting event (and retries
+/// came round in full batches), so a healthy event waited over 15 s.
+#[test]
+fn thirty_thousand_rejected_events_do_not_slow_a_healthy_topic() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.notify_channel", ""),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    poison(&redis, "bad");
+    enqueue_many(&mut client, "bad", 30_000);
+    let started = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(120), || one::<i64>(
+            &mut pg.connect(),
+            "SELECT count(*) FROM outbox WHERE topic = 'bad' AND attempts = 0"
+        ) == 0),
+        "the rejected events were not each tried once"
+    );
+    println!(
+        "30000 rejected events each tried once in {:?}",
+        started.elapsed()
+    );
+
+    let mut conn = redis.conn();
+    let mut latencies = Vec::with_capacity(200);
+    let mut good = Vec::with_capacity(200);
+    for n in 0..200_i32 {
+        let id: i64 = client
+            .query_one(
+                "SELECT outbox_enqueue('good', jsonb_build_object('n', $1::int))",
+                &[&n],
+            )
+            .unwrap()
+            .get(0);
+        let committed = Instant::now();
+        loop {
+            let len: usize = redis::cmd("XLEN").arg("good").query(&mut conn).unwrap();
+            if len > n as usize {
+                break;
+            }
+            assert!(
+                committed.elapsed() < Duration::from_secs(10),
+                "healthy event {n} was not in its stream 10 s after its commit"
+            );
+        }
+        latencies.push(committed.elapsed());
+        good.push(id);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    latencies.sort();
+    let (p50, p99, max) = (
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        latencies[latencies.len() - 1],
+    );
+    println!(
+        "commit to stream, 200 healthy events beside 30000 rejected ones: p50 {p50:?} p99 {p99:?} max {max:?}"
+    );
+    // The requirement is 10 ms; the looser bound keeps a noisy machine from failing the test.
+    assert!(
+        p99 < Duration::from_millis(50),
+        "p99 {p99:?} (p50 {p50:?}, max {max:?})"
+    );
+    assert_eq!(redis.ids("good"), good);
+    assert!(wait_until(Duration::from_secs(10), || one::<i64>(
+        &mut pg.connect(),
+        "SELECT count(*) FROM outbox WHERE topic = 'good' AND published_at IS NULL"
+    ) == 0));
+    assert_eq!(
+        one::<i64>(
+            &mut client,
+            "SELECT count(*) FROM outbox WHERE topic = 'bad' AND published_at IS NOT NULL"
+        ),
+        0,
+        "a rejected event was marked published"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10: an event Redis can never take
+// ---------------------------------------------------------------------------------------------
+
+/// An event of 2 MB, sent to a Redis that takes bulk arguments of 1 MB at most: Redis answers a
+/// protocol error and closes the connection, which looks like Redis going away. Retrying the
+/// batch as a whole stalled the relay for good, in backoff; the event must instead be charged
+/// (and buried after `outbox.max_attempts`) while the others go out.
+fn an_event_redis_can_never_take(dedupe: &str) {
+    let redis = Redis::start_with_args(&["--proto-max-bulk-len", "1mb"]);
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.max_payload_size", "4MB"),
+            ("outbox.max_attempts", "2"),
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.dedupe", dedupe),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let started = Instant::now();
+    client.batch_execute("BEGIN").unwrap();
+    let big: i64 = one(
+        &mut client,
+        "SELECT outbox_enqueue('big', jsonb_build_object('x', repeat('a', 2000000)))",
+    );
+    let small = enqueue_many(&mut client, "small", 10);
+    client.batch_execute("COMMIT").unwrap();
+
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("small") == 10),
+        "the small events were held up: {:?}",
+        worker_state(&pg, "postgres")
+    );
+    assert_eq!(redis.ids("small"), small);
+    let buried = format!("SELECT count(*) FROM outbox_dead WHERE id = {big}");
+    assert!(
+        wait_until(
+            Duration::from_secs(60).saturating_sub(started.elapsed()),
+            || one::<i64>(&mut pg.connect(), &buried) == 1
+        ),
+        "the oversized event did not reach outbox_dead within 60 s: {:?}",
+        worker_state(&pg, "postgres")
+    );
+    println!(
+        "oversized event buried {:?} after its commit",
+        started.elapsed()
+    );
+    let error: Option<String> = one(
+        &mut client,
+        &format!("SELECT last_error FROM outbox_dead WHERE id = {big}"),
+    );
+    println!("its last_error: {error:?}");
+    assert!(error.is_some_and(|e| !e.is_empty()), "no last_error");
+    assert_eq!(redis.xlen("big"), 0);
+    assert!(
+        wait_until(Duration::from_secs(30), || worker_state(&pg, "postgres").0
+            != "backoff"),
+        "the worker stayed in backoff: {:?}",
+        worker_state(&pg, "postgres")
+    );
+    let later = enqueue_many(&mut client, "small", 1);
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("small") == 11),
+        "the relay does not publish any more"
+    );
+    assert_eq!(redis.ids("small")[10], later[0]);
+}
+
+#[test]
+fn an_event_redis_can_never_take_is_buried_with_dedupe_on() {
+    an_event_redis_can_never_take("on");
+}
+
+#[test]
+fn an_event_redis_can_never_take_is_buried_with_dedupe_off() {
+    an_event_redis_can_never_take("off");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11: pruning after a redrive
+// ---------------------------------------------------------------------------------------------
+
+/// Old events redriven from outbox_dead are published long after their neighbours (as are
+/// events of a transaction that commits late). Pruning walked the ids from the lowest and
+/// stopped at the first range holding a recently published row, so while old ids kept being
+/// published, everything after them was kept forever. Here one old event is redriven, then
+/// another every half second, while 100 events with ids past 50,000, published long before,
+/// must be pruned.
+#[test]
+fn redriven_old_events_do_not_keep_later_history_from_pruning() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.retention", "2s"),
+            ("outbox.max_attempts", "1"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    poison(&redis, "bad");
+    let old = enqueue_many(&mut client, "bad", 80);
+    assert!(
+        wait_until(Duration::from_secs(60), || one::<i64>(
+            &mut pg.connect(),
+            "SELECT count(*) FROM outbox_dead"
+        ) == 80),
+        "the bad events did not all reach outbox_dead"
+    );
+    client
+        .batch_execute("SELECT setval('outbox_id_seq', 50000)")
+        .unwrap();
+    let recent = enqueue_many(&mut client, "good", 100);
+    assert!(recent[0] > 50_000);
+    assert!(wait_until(Duration::from_secs(20), || redis.xlen("good") == 100));
+    assert!(wait_until(Duration::from_secs(20), || pg.pending() == 0));
+    unpoison(&redis, "bad");
+
+    // A: the oldest event, published now.
+    assert!(one::<bool>(
+        &mut client,
+        &format!("SELECT outbox_redrive({})", old[0])
+    ));
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("bad") == 1),
+        "the redriven event was not published"
+    );
+    assert_eq!(redis.ids("bad"), [old[0]]);
+
+    let started = Instant::now();
+    let mut redriven = 1;
+    let mut last_redrive = Instant::now();
+    loop {
+        let left: i64 = one(&mut client, "SELECT count(*) FROM outbox WHERE id > 50000");
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{left} published events with ids past 50000 are still there 30 s after the \
+             redrive, while old ids kept being published ({redriven} redriven)"
+        );
+        if last_redrive.elapsed() >= Duration::from_millis(500) && redriven < old.len() {
+            assert!(one::<bool>(
+                &mut client,
+                &format!("SELECT outbox_redrive({})", old[redriven])
+            ));
+            redriven += 1;
+            last_redrive = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "events past 50000 pruned {:?} after the first redrive, {redriven} old events redriven",
+        started.elapsed()
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("bad") == redriven),
+        "a redriven event was not published"
+    );
+    assert_eq!(redis.ids("bad"), old[..redriven]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12: changes to the table
+// ---------------------------------------------------------------------------------------------
+
+/// The payload column changed to `json`: outbox_enqueue stores its jsonb argument converted to
+/// the column's type (not a jsonb datum in a json column), and the relay publishes the text. A
+/// session that enqueued before the change follows it.
+#[test]
+fn a_payload_column_changed_to_json_takes_and_relays_events() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut app = pg.with_extension();
+    pg.wait_for_workers(1);
+    let before: i64 = one(&mut app, "SELECT outbox_enqueue('t', '{\"a\": 0}')");
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen("t") == 1));
+
+    pg.connect()
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN payload TYPE json USING payload::json")
+        .unwrap();
+    let id: i64 = app
+        .query_one("SELECT outbox_enqueue('t', '{\"a\": 1}')", &[])
+        .unwrap_or_else(|e| panic!("outbox_enqueue failed on a json column: {e:?}"))
+        .get(0);
+    let stored: String = app
+        .query_one("SELECT payload::text FROM outbox WHERE id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, r#"{"a": 1}"#);
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("t") == 2),
+        "the event was not published"
+    );
+    let entries = redis.entries("t");
+    assert_eq!(redis.ids("t"), [before, id]);
+    assert_eq!(entries[1].1["payload"], r#"{"a": 1}"#);
+    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
+}
+
+/// New columns with defaults, one NOT NULL and one volatile (evaluated per row): outbox_enqueue
+/// fills them as an INSERT would, and the relay publishes the event. A session that enqueued
+/// before the change follows it.
+#[test]
+fn new_columns_with_defaults_are_filled_on_enqueue() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut app = pg.with_extension();
+    pg.wait_for_workers(1);
+    let before: i64 = one(&mut app, "SELECT outbox_enqueue('t', '{}')");
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen("t") == 1));
+
+    pg.connect()
+        .batch_execute(
+            "ALTER TABLE outbox ADD COLUMN tenant text NOT NULL DEFAULT 'acme';
+             ALTER TABLE outbox ADD COLUMN trace uuid DEFAULT gen_random_uuid();",
+        )
+        .unwrap();
+    let ids: Vec<i64> = (0..2)
+        .map(|_| {
+            app.query_one("SELECT outbox_enqueue('t', '{}')", &[])
+                .unwrap_or_else(|e| panic!("outbox_enqueue failed with new columns: {e:?}"))
+                .get(0)
+        })
+        .collect();
+    let rows = app
+        .query(
+            "SELECT tenant, trace::text FROM outbox WHERE id = ANY($1) ORDER BY id",
+            &[&ids],
+        )
+        .unwrap();
+    let tenants: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let traces: Vec<Option<String>> = rows.iter().map(|r| r.get(1)).collect();
+    assert_eq!(tenants, ["acme", "acme"]);
+    assert!(traces.iter().all(Option::is_some), "{traces:?}");
+    assert_ne!(traces[0], traces[1], "the volatile default runs per row");
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("t") == 3),
+        "the events were not published"
+    );
+    assert_eq!(redis.ids("t"), [before, ids[0], ids[1]]);
+    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 13: a redrive by a role granted only EXECUTE
+// ---------------------------------------------------------------------------------------------
+
+/// The README says redriving is for whoever the table owner grants EXECUTE to: such a role must
+/// be able to redrive (the functions used to run with its own rights, which reach neither
+/// table), and still not read the events.
+#[test]
+fn a_role_granted_only_execute_can_redrive() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.max_attempts", "1"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut admin = pg.with_extension();
+    pg.wait_for_workers(1);
+    admin
+        .batch_execute(
+            "CREATE ROLE ops LOGIN; \
+             GRANT EXECUTE ON FUNCTION outbox_redrive(bigint), outbox_redrive_all() TO ops",
+        )
+        .unwrap();
+    poison(&redis, "bad");
+    let dead = enqueue_many(&mut admin, "bad", 2);
+    assert!(
+        wait_until(Duration::from_secs(30), || one::<i64>(
+            &mut pg.connect(),
+            "SELECT count(*) FROM outbox_dead"
+        ) == 2),
+        "the bad events never reached outbox_dead"
+    );
+    unpoison(&redis, "bad");
+
+    let mut ops = pg.connect_as("postgres", "ops");
+    let back: bool = ops
+        .query_one("SELECT outbox_redrive($1)", &[&dead[0]])
+        .unwrap_or_else(|e| panic!("ops could not redrive: {e:?}"))
+        .get(0);
+    assert!(back);
+    let rest: i64 = ops
+        .query_one("SELECT outbox_redrive_all()", &[])
+        .unwrap_or_else(|e| panic!("ops could not redrive all: {e:?}"))
+        .get(0);
+    assert_eq!(rest, 1);
+    let returned: i64 = admin
+        .query_one("SELECT count(*) FROM outbox WHERE id = ANY($1)", &[&dead])
+        .unwrap()
+        .get(0);
+    assert_eq!(returned, 2, "both events are back in outbox");
+    assert_eq!(
+        one::<i64>(&mut admin, "SELECT count(*) FROM outbox_dead"),
+        0
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("bad") == 2),
+        "the redriven events were not published"
+    );
+    assert_eq!(redis.ids("bad"), dead);
+
+    for table in ["outbox", "outbox_dead"] {
+        let error = ops
+            .batch_execute(&format!("SELECT * FROM {table}"))
+            .unwrap_err();
+        assert_eq!(sqlstate(&error), "42501", "ops reads {table}: {error:?}");
+    }
+}
