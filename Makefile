@@ -1,17 +1,23 @@
 # The two commands of the README, and a few more for development.
-.PHONY: demo test bench install lint
+# PG=16 (or PG_CONFIG=/path/to/pg_config) picks one PostgreSQL; without either, `make test`
+# runs the whole suite on every major tested here (15, 16 and 18).
+.PHONY: demo test test-matrix bench install lint
 
 demo:        ## Enqueue events on throwaway servers and watch them arrive in Redis
-	scripts/demo.sh
+	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/demo.sh
 
 test:        ## Every test: lints, unit tests, integration tests against real servers
-	scripts/test.sh
+	@if [ -n "$(PG)$(PG_CONFIG)" ]; then PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/test.sh; \
+	else scripts/test-matrix.sh; fi
+
+test-matrix: ## The whole suite on PostgreSQL 15, 16 and 18, one after the other
+	scripts/test-matrix.sh
 
 bench:       ## Write cost, relay throughput, latency; prints a Markdown table
-	scripts/bench.sh
+	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/bench.sh
 
-install:     ## Build (release) and install into the system's PostgreSQL
-	scripts/setup.sh && scripts/install.sh --release
+install:     ## Build (release) and install into the chosen PostgreSQL
+	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh --release
 
 lint:
 	cargo fmt --all -- --check && cargo clippy --all-targets -- -D warnings

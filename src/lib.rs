@@ -8,6 +8,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
+mod compat;
 mod enqueue;
 mod gucs;
 mod insert;
@@ -45,11 +46,7 @@ pub extern "C-unwind" fn _PG_init() {
         .report(PgLogLevel::LOG);
         return;
     }
-    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
-    // SAFETY: reserving our GUC prefix makes typos such as outbox.worker warn at startup.
-    unsafe {
-        pg_sys::MarkGUCPrefixReserved(c"outbox".as_ptr());
-    }
+    compat::reserve_guc_prefix();
     shmem::init();
     relay::register_workers();
 }

@@ -226,8 +226,6 @@ impl Shared {
 
 static mut SHARED: *mut Shared = std::ptr::null_mut();
 static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
-static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 
 /// The shared area, or `None` in a backend of a server that did not preload the library.
 pub fn shared() -> Option<&'static Shared> {
@@ -238,30 +236,12 @@ pub fn shared() -> Option<&'static Shared> {
 
 /// Asks for the shared area. Only valid while `shared_preload_libraries` is being processed.
 pub fn init() {
+    crate::compat::request_shared_memory(std::mem::size_of::<Shared>());
     // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
     // way for an extension to take part in shared-memory setup.
     unsafe {
-        #[cfg(any(feature = "pg13", feature = "pg14"))]
-        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<Shared>());
-        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
-        {
-            PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
-            pg_sys::shmem_request_hook = Some(request_shmem);
-        }
         PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
         pg_sys::shmem_startup_hook = Some(startup_shmem);
-    }
-}
-
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn request_shmem() {
-    // SAFETY: called by the postmaster while shared memory is being sized.
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
-            prev();
-        }
-        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<Shared>());
     }
 }
 

@@ -1004,6 +1004,67 @@ fn a_redis_user_without_scripting_holds_events_back_uncharged() {
     );
 }
 
+/// The least a Redis user needs, as the README's "Redis users" section lists it, limited to the
+/// stream prefix: events go out with dedupe on (script, markers and their clean-up) and off,
+/// and the worker never meets a refusal.
+#[test]
+fn the_readme_minimal_redis_user_publishes_with_and_without_dedupe() {
+    let redis = Redis::start();
+    let rules = "on >pw ~app:* +ping +hello +auth +select +xadd +evalsha +script|load +hdel \
+                 +hmget +exists +hset +pexpireat";
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("relay");
+    for rule in rules.split_whitespace() {
+        acl.arg(rule);
+    }
+    acl.query::<()>(&mut redis.conn()).unwrap();
+    let url = format!("redis://relay:pw@127.0.0.1:{}", redis.port);
+    let mut pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.stream_prefix", "app:"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut expected = enqueue_many(&mut client, "orders", 150);
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("app:orders") == 150),
+        "with dedupe on, the minimal user's events were not published: {:?}",
+        worker_state(&pg, "postgres")
+    );
+    // The next round trip deletes the markers of the committed batches.
+    expected.extend(enqueue_many(&mut client, "orders", 1));
+    assert!(wait_until(Duration::from_secs(20), || redis
+        .xlen("app:orders")
+        == 151));
+    assert!(
+        wait_until(Duration::from_secs(10), || keys(
+            &redis,
+            "app:outbox:dedupe:*"
+        )
+        .len()
+            <= 1),
+        "markers were not cleaned up: {:?}",
+        keys(&redis, "*outbox:dedupe:*")
+    );
+    pg.set(&[("outbox.dedupe", "off")]);
+    assert!(wait_until(Duration::from_secs(20), || pg
+        .log()
+        .lines()
+        .any(|l| l.contains("reloaded") && l.contains("dedupe=off"))));
+    expected.extend(enqueue_many(&mut client, "orders", 10));
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("app:orders") == 161),
+        "with dedupe off, the minimal user's events were not published"
+    );
+    assert_eq!(redis.ids("app:orders"), expected);
+    assert!(!pg.log().contains("NOPERM"), "the worker met a refusal");
+    assert_eq!(
+        one::<i64>(&mut client, "SELECT count(*) FROM outbox_dead"),
+        0
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7: a dead letter with an id used again
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,111 @@
+//! What differs between the PostgreSQL majors the extension builds for (13 to 18), in one place:
+//! each function here has one body per range of majors, chosen by the `pgNN` feature, and the
+//! rest of the code calls it without knowing the major.
+
+use pgrx::pg_sys;
+
+/// The attributes of a tuple descriptor, dropped ones included, in column order.
+///
+/// # Safety
+/// `tupdesc` must be a valid tuple descriptor that outlives the returned slice.
+pub unsafe fn attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let natts = (*tupdesc).natts.max(0) as usize;
+        #[cfg(not(feature = "pg18"))]
+        {
+            (*tupdesc).attrs.as_slice(natts)
+        }
+        // From 18 on, the full attributes follow an array of compact ones.
+        #[cfg(feature = "pg18")]
+        {
+            let first = (*tupdesc)
+                .compact_attrs
+                .as_ptr()
+                .add(natts)
+                .cast::<pg_sys::FormData_pg_attribute>();
+            std::slice::from_raw_parts(first, natts)
+        }
+    }
+}
+
+/// Gives the executor state a range table holding `rte` alone, as logical replication's apply
+/// worker does for the relation it writes to. From 16 on, permissions live in a list of their
+/// own; from 18 on, the executor also wants to know which entries survived pruning.
+///
+/// # Safety
+/// `estate` must be a fresh executor state, `rte` a palloc'd relation entry.
+pub unsafe fn init_range_table(estate: *mut pg_sys::EState, rte: *mut pg_sys::RangeTblEntry) {
+    // SAFETY: guaranteed by the caller; the lists are palloc'd in the current memory context.
+    unsafe {
+        let range_table = pg_sys::lappend(std::ptr::null_mut(), rte.cast());
+        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+        pg_sys::ExecInitRangeTable(estate, range_table);
+        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+        {
+            let mut permissions: *mut pg_sys::List = std::ptr::null_mut();
+            pg_sys::addRTEPermissionInfo(&mut permissions, rte);
+            #[cfg(not(feature = "pg18"))]
+            pg_sys::ExecInitRangeTable(estate, range_table, permissions);
+            #[cfg(feature = "pg18")]
+            pg_sys::ExecInitRangeTable(
+                estate,
+                range_table,
+                permissions,
+                pg_sys::bms_make_singleton(1),
+            );
+        }
+    }
+}
+
+/// Reserves the `outbox.` prefix, so that a typo such as `outbox.worker` is reported at startup
+/// (15 and later; earlier majors have no such call).
+pub fn reserve_guc_prefix() {
+    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+    // SAFETY: called from _PG_init while preloading, as PostgreSQL's own modules do.
+    unsafe {
+        pg_sys::MarkGUCPrefixReserved(c"outbox".as_ptr());
+    }
+}
+
+/// Asks for `size` bytes of shared memory. Called from `_PG_init` while preloading: 13 and 14
+/// take the request there and then; from 15 on it must come from `shmem_request_hook`, which is
+/// installed here, chained to any earlier hook.
+pub fn request_shared_memory(size: usize) {
+    #[cfg(any(feature = "pg13", feature = "pg14"))]
+    // SAFETY: _PG_init runs in the postmaster while shared memory is being sized.
+    unsafe {
+        pg_sys::RequestAddinShmemSpace(size);
+    }
+    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+    // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
+    // way for an extension to take part in shared-memory setup.
+    unsafe {
+        if SHMEM_REQUEST
+            .set((size, pg_sys::shmem_request_hook))
+            .is_ok()
+        {
+            pg_sys::shmem_request_hook = Some(request_shmem);
+        }
+    }
+}
+
+/// The size to request and the hook that was installed before ours.
+#[cfg(not(any(feature = "pg13", feature = "pg14")))]
+static SHMEM_REQUEST: std::sync::OnceLock<(usize, pg_sys::shmem_request_hook_type)> =
+    std::sync::OnceLock::new();
+
+#[cfg(not(any(feature = "pg13", feature = "pg14")))]
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn request_shmem() {
+    let Some(&(size, previous)) = SHMEM_REQUEST.get() else {
+        return;
+    };
+    // SAFETY: called by the postmaster while shared memory is being sized.
+    unsafe {
+        if let Some(previous) = previous {
+            previous();
+        }
+        pg_sys::RequestAddinShmemSpace(size);
+    }
+}
