@@ -254,11 +254,7 @@ fn ceiling_seconds(client: &mut Client, n: i64, batch: i64) -> f64 {
         )
         .unwrap();
     let started = Instant::now();
-    while !client
-        .query(&claim_and_mark, &[&batch])
-        .unwrap()
-        .is_empty()
-    {}
+    while !client.query(&claim_and_mark, &[&batch]).unwrap().is_empty() {}
     started.elapsed().as_secs_f64()
 }
 

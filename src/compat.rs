@@ -109,3 +109,18 @@ unsafe extern "C-unwind" fn request_shmem() {
         pg_sys::RequestAddinShmemSpace(size);
     }
 }
+
+/// The INSERT privilege, as `pg_class_aclcheck` takes it: a 64-bit mask from 16 on.
+#[allow(clippy::useless_conversion)] // the same type before 16
+pub fn acl_insert() -> pg_sys::AclMode {
+    pg_sys::ACL_INSERT.into()
+}
+
+/// Ends the process with `code`: `proc_exit`, which 18's headers no longer mark as not
+/// returning.
+pub fn proc_exit(code: i32) -> ! {
+    // SAFETY: ends the process; its exit callbacks run as for any proc_exit.
+    unsafe { pg_sys::proc_exit(code) };
+    #[cfg(feature = "pg18")]
+    unreachable!("proc_exit returned")
+}

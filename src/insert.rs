@@ -166,7 +166,8 @@ pub unsafe fn insert_event(
             return insert_statement(schema, topic, payload);
         }
         // As an INSERT would; the function runs as the table's owner.
-        let acl = pg_sys::pg_class_aclcheck(target.table, pg_sys::GetUserId(), pg_sys::ACL_INSERT);
+        let acl =
+            pg_sys::pg_class_aclcheck(target.table, pg_sys::GetUserId(), compat::acl_insert());
         if acl != pg_sys::AclResult::ACLCHECK_OK {
             pg_sys::aclcheck_error(acl, pg_sys::ObjectType::OBJECT_TABLE, c"outbox".as_ptr());
         }

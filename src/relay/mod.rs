@@ -365,8 +365,8 @@ impl Relay {
     /// ignores the code during a shutdown.
     fn exit(&mut self) -> ! {
         self.set_state(WorkerState::Stopped);
-        // SAFETY: ends the process; the exit callbacks clear the slot and abort any transaction.
-        unsafe { pg_sys::proc_exit(1) }
+        // The exit callbacks clear the slot and abort any transaction.
+        crate::compat::proc_exit(1)
     }
 
     fn reload_if_requested(&mut self) {
