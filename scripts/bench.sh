@@ -8,4 +8,4 @@ cd "$here/.."
 "$here/setup.sh"
 "$here/install.sh" --release
 say "Running the benchmarks (about 10 minutes; nothing else should load the machine)"
-cargo run --release --quiet "${CARGO_FEATURES[@]}" --example bench
+cargo bench --quiet "${CARGO_FEATURES[@]}" --bench bench

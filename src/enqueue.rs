@@ -242,33 +242,4 @@ mod tests {
             })
         );
     }
-
-    #[test]
-    fn each_error_has_the_contract_sqlstate() {
-        use PgSqlErrorCode::*;
-        assert_eq!(
-            InputError::NullTopic.sqlstate(),
-            ERRCODE_NULL_VALUE_NOT_ALLOWED
-        );
-        assert_eq!(
-            InputError::NullPayload.sqlstate(),
-            ERRCODE_NULL_VALUE_NOT_ALLOWED
-        );
-        assert_eq!(
-            InputError::EmptyTopic.sqlstate(),
-            ERRCODE_INVALID_PARAMETER_VALUE
-        );
-        assert_eq!(
-            InputError::TopicTooLong(300).sqlstate(),
-            ERRCODE_INVALID_PARAMETER_VALUE
-        );
-        assert_eq!(
-            InputError::TopicControlCharacter(0).sqlstate(),
-            ERRCODE_INVALID_PARAMETER_VALUE
-        );
-        assert_eq!(
-            InputError::PayloadTooLarge { size: 2, limit: 1 }.sqlstate(),
-            ERRCODE_PROGRAM_LIMIT_EXCEEDED
-        );
-    }
 }

@@ -8,6 +8,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
+mod backend;
 mod compat;
 mod enqueue;
 mod gucs;

@@ -1,22 +1,14 @@
-//! `outbox.redis_url`: what a valid value looks like, and how to show it without its password.
+//! `outbox.redis_url`: whether the Redis client takes it, and how to show it without its
+//! password.
 
-/// Accepts `redis://` and `rediss://` URLs with a host; says what is wrong otherwise.
+/// Accepts exactly what the Redis client accepts (`redis://`, `rediss://` for TLS, `unix://`
+/// or `redis+unix://` for a socket); says what is wrong otherwise.
 pub fn validate(url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("redis://")
-        .or_else(|| url.strip_prefix("rediss://"))
-        .ok_or_else(|| {
-            "The URL must start with redis:// or rediss://, as in redis://:password@host:6379/0."
-                .to_string()
-        })?;
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    if host.is_empty() || host.starts_with(':') {
-        return Err("The URL names no host, as in redis://127.0.0.1:6379.".to_string());
-    }
-    Ok(())
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map(|_| ())
+        .map_err(|e| {
+            format!("{e}. A Redis URL looks like redis://:password@host:6379/0 or rediss://host.")
+        })
 }
 
 /// The URL with any password replaced by `***`, for logs and error messages.
@@ -42,10 +34,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn accepts_plain_and_tls_urls() {
+    fn accepts_plain_tls_and_socket_urls() {
         assert!(validate("redis://127.0.0.1:6379").is_ok());
         assert!(validate("redis://:pw@localhost:6380/2").is_ok());
         assert!(validate("rediss://user:pw@redis.example.com").is_ok());
+        assert!(validate("unix:///run/redis.sock").is_ok());
     }
 
     #[test]
@@ -55,6 +48,7 @@ mod tests {
         assert!(validate("redis://").is_err());
         assert!(validate("redis://:pw@").is_err());
         assert!(validate("redis://:6379").is_err());
+        assert!(validate("redis://h/notadb").is_err());
         assert!(validate("").is_err());
     }
 

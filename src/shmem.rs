@@ -7,13 +7,15 @@
 use std::sync::atomic::{
     fence, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
 };
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use pgrx::pg_sys;
 
 use crate::gucs::MAX_WORKERS;
 
 /// `TimestampTz` value standing for SQL NULL in a slot.
-pub const NO_TIME: i64 = i64::MIN;
+const NO_TIME: i64 = i64::MIN;
 /// Bytes of the last error kept per slot.
 const ERROR_BYTES: usize = 256;
 
@@ -79,7 +81,8 @@ pub struct SlotSnapshot {
     pub last_error_at: Option<i64>,
 }
 
-fn time_or_null(value: i64) -> Option<i64> {
+/// A time kept in shared memory, `None` for SQL NULL.
+pub fn time_or_null(value: i64) -> Option<i64> {
     (value != NO_TIME).then_some(value)
 }
 
@@ -200,11 +203,11 @@ fn truncate(text: &str, max: usize) -> &[u8] {
 
 #[repr(C)]
 pub struct Shared {
-    pub slots: [WorkerSlot; MAX_WORKERS as usize],
+    slots: [WorkerSlot; MAX_WORKERS as usize],
     /// When any worker last marked a batch published.
-    pub last_published_at: AtomicI64,
+    last_published_at: AtomicI64,
     /// Earliest time the next pruning round may start; claimed by compare-and-swap.
-    pub next_prune_at: AtomicI64,
+    next_prune_at: AtomicI64,
 }
 
 impl Shared {
@@ -216,6 +219,39 @@ impl Shared {
         }
     }
 
+    /// The slot of worker `index` (clamped to the slots there are).
+    pub fn slot(&self, index: usize) -> &WorkerSlot {
+        &self.slots[index.min(self.slots.len() - 1)]
+    }
+
+    /// The first `count` slots, those of the configured workers.
+    pub fn slots(&self, count: usize) -> &[WorkerSlot] {
+        &self.slots[..count.min(self.slots.len())]
+    }
+
+    /// Records that a worker marked a batch published at `at`.
+    pub fn record_published(&self, at: i64) {
+        self.last_published_at.fetch_max(at, Ordering::Relaxed);
+    }
+
+    /// When any worker last marked a batch published, since the server started.
+    pub fn last_published_at(&self) -> Option<i64> {
+        time_or_null(self.last_published_at.load(Ordering::Relaxed))
+    }
+
+    /// Claims the next pruning round for the caller if none has started within `every` of
+    /// `now`: at most one worker wins each turn.
+    pub fn claim_prune_turn(&self, now: i64, every: Duration) -> bool {
+        let due = self.next_prune_at.load(Ordering::Relaxed);
+        if now < due {
+            return false;
+        }
+        let next = now.saturating_add(every.as_micros().min(i64::MAX as u128) as i64);
+        self.next_prune_at
+            .compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// Sets every running worker's latch.
     pub fn wake_all(&self) {
         for slot in &self.slots {
@@ -224,14 +260,16 @@ impl Shared {
     }
 }
 
-static mut SHARED: *mut Shared = std::ptr::null_mut();
-static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+/// The area in this process's address space, set by the startup hook.
+static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+/// The startup hook installed before ours.
+static PREV_SHMEM_STARTUP_HOOK: OnceLock<pg_sys::shmem_startup_hook_type> = OnceLock::new();
 
 /// The shared area, or `None` in a backend of a server that did not preload the library.
 pub fn shared() -> Option<&'static Shared> {
     // SAFETY: SHARED is written once, by the startup hook, before any backend runs our code,
     // and then points at shared memory that lives as long as the server.
-    unsafe { SHARED.as_ref() }
+    unsafe { SHARED.load(Ordering::Acquire).as_ref() }
 }
 
 /// Asks for the shared area. Only valid while `shared_preload_libraries` is being processed.
@@ -240,8 +278,12 @@ pub fn init() {
     // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
     // way for an extension to take part in shared-memory setup.
     unsafe {
-        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(startup_shmem);
+        if PREV_SHMEM_STARTUP_HOOK
+            .set(pg_sys::shmem_startup_hook)
+            .is_ok()
+        {
+            pg_sys::shmem_startup_hook = Some(startup_shmem);
+        }
     }
 }
 
@@ -250,7 +292,7 @@ unsafe extern "C-unwind" fn startup_shmem() {
     // SAFETY: called once per process that attaches to shared memory; AddinShmemInitLock makes
     // the first caller initialise the area and the others only find it.
     unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
+        if let Some(Some(prev)) = PREV_SHMEM_STARTUP_HOOK.get() {
             prev();
         }
         let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
@@ -265,7 +307,7 @@ unsafe extern "C-unwind" fn startup_shmem() {
         if !found {
             area.write(Shared::new());
         }
-        SHARED = area;
+        SHARED.store(area, Ordering::Release);
         pg_sys::LWLockRelease(lock);
     }
 }
@@ -299,17 +341,24 @@ mod tests {
     }
 
     #[test]
-    fn states_round_trip_through_their_byte() {
-        for state in [
-            WorkerState::Stopped,
-            WorkerState::Starting,
-            WorkerState::Idle,
-            WorkerState::Publishing,
-            WorkerState::Backoff,
-            WorkerState::WaitingForExtension,
-            WorkerState::Standby,
-        ] {
-            assert_eq!(WorkerState::from_u8(state as u8), state);
-        }
+    fn one_worker_wins_each_pruning_turn() {
+        let shared = Shared::new();
+        let minute = Duration::from_secs(60);
+        assert!(shared.claim_prune_turn(1_000, minute));
+        assert!(
+            !shared.claim_prune_turn(1_000, minute),
+            "the same turn twice"
+        );
+        assert!(!shared.claim_prune_turn(1_000 + 59_999_999, minute));
+        assert!(shared.claim_prune_turn(1_000 + 60_000_000, minute));
+    }
+
+    #[test]
+    fn the_last_publication_only_moves_forward() {
+        let shared = Shared::new();
+        assert_eq!(shared.last_published_at(), None);
+        shared.record_published(20);
+        shared.record_published(10);
+        assert_eq!(shared.last_published_at(), Some(20));
     }
 }

@@ -28,7 +28,8 @@ fn _outbox_worker_slots() -> TableIterator<
 > {
     let rows: Vec<_> = match shmem::shared() {
         None => Vec::new(),
-        Some(shared) => shared.slots[..gucs::workers()]
+        Some(shared) => shared
+            .slots(gucs::workers())
             .iter()
             .enumerate()
             .map(|(index, slot)| {
@@ -58,9 +59,5 @@ fn _outbox_worker_slots() -> TableIterator<
 /// When any worker last marked a batch published, since the server started.
 #[pg_extern(sql = false)]
 fn _outbox_last_published_at() -> Option<TimestampWithTimeZone> {
-    let shared = shmem::shared()?;
-    let at = shared
-        .last_published_at
-        .load(std::sync::atomic::Ordering::Relaxed);
-    timestamp((at != shmem::NO_TIME).then_some(at))
+    timestamp(shmem::shared()?.last_published_at())
 }

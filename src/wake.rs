@@ -5,32 +5,29 @@
 //! worker's latch at COMMIT. A rollback or PREPARE TRANSACTION wakes nobody; the poll picks up
 //! a prepared transaction once it is committed.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use crate::backend::{self, BackendLocal};
 use crate::shmem;
 
 /// Whether this backend's current transaction wants the relay woken at commit.
-static mut WAKE_PENDING: bool = false;
-/// Whether the transaction callback is registered in this backend.
-static mut CALLBACK_REGISTERED: bool = false;
+static WAKE_PENDING: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// Asks for the relay to be woken when the current transaction commits. Cheap enough to call on
-/// every enqueue: after the first call in a transaction it only reads a flag.
+/// every enqueue: after the first call in a transaction it only sets a flag.
 pub fn wake_relay_at_commit() {
     if shmem::shared().is_none() {
         return; // not preloaded: no relay to wake
     }
-    // SAFETY: backend-local statics touched only from the backend's one thread.
-    unsafe {
-        if !CALLBACK_REGISTERED {
-            pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut());
-            CALLBACK_REGISTERED = true;
-        }
-        WAKE_PENDING = true;
-    }
+    backend::register_once(&backend::XACT_CALLBACK, || {
+        // SAFETY: registers a callback that lives as long as the library, once per backend.
+        unsafe { pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut()) };
+    });
+    WAKE_PENDING.get().set(true);
 }
 
 /// `_outbox_wake()`: lets hand-written SQL (redrive) ask for the same wake-up.
@@ -42,19 +39,16 @@ fn _outbox_wake() {
 #[pg_guard]
 unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
     use pg_sys::XactEvent::*;
-    // SAFETY: called by PostgreSQL on the backend's thread.
-    unsafe {
-        match event {
-            XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT if WAKE_PENDING => {
-                WAKE_PENDING = false;
-                if let Some(shared) = shmem::shared() {
-                    shared.wake_all();
-                }
+    match event {
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT if WAKE_PENDING.get().get() => {
+            WAKE_PENDING.get().set(false);
+            if let Some(shared) = shmem::shared() {
+                shared.wake_all();
             }
-            XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
-                WAKE_PENDING = false;
-            }
-            _ => {}
         }
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
+            WAKE_PENDING.get().set(false);
+        }
+        _ => {}
     }
 }

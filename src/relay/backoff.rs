@@ -1,15 +1,12 @@
-//! How long the relay waits: after a failure, and between passes under a stream of commits.
+//! How long the relay waits: after losing Redis, and between passes under a stream of commits.
 //! Pure logic, unit-tested.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// First wait after Redis becomes unreachable.
 pub const INITIAL: Duration = Duration::from_millis(100);
 /// Longest wait between two attempts to reach Redis.
 pub const CAP: Duration = Duration::from_secs(10);
-/// Longest wait before an event that Redis rejected is tried again.
-pub const EVENT_RETRY_CAP: Duration = Duration::from_secs(60);
-
 /// Exponential backoff for a lost Redis: 100 ms, 200 ms, 400 ms ... capped at [`CAP`].
 #[derive(Debug, Default)]
 pub struct Backoff {
@@ -33,17 +30,6 @@ impl Backoff {
     pub fn reset(&mut self) -> bool {
         std::mem::take(&mut self.failures) > 0
     }
-}
-
-/// Wait before an event that Redis rejected `attempts` times is claimed again: 1 s, 2 s, 4 s ...
-/// capped at [`EVENT_RETRY_CAP`], so that a poison event costs little while it exhausts
-/// `outbox.max_attempts` and the events behind it flow on.
-pub fn event_retry_delay(attempts: i32) -> Duration {
-    doubling(
-        Duration::from_secs(1),
-        attempts.saturating_sub(1).max(0) as u32,
-        EVENT_RETRY_CAP,
-    )
 }
 
 /// Passes that published fewer events than this are a trickle: the next one may start 1 ms later.
@@ -70,6 +56,39 @@ pub fn pass_spacing(published: u64, since_previous: Duration, batch_size: usize)
         _ => since_previous
             .mul_f64(0.75 * batch_size as f64 / published as f64)
             .clamp(BUSY_MIN, BUSY_MAX),
+    }
+}
+
+/// When the passes woken by commits began, and what the last one published.
+#[derive(Debug)]
+pub struct Pacing {
+    last_started: Instant,
+    /// From the start of the pass before the last one to the start of the last one.
+    interval: Duration,
+    published: u64,
+}
+
+impl Pacing {
+    pub fn new(now: Instant) -> Pacing {
+        Pacing {
+            last_started: now,
+            interval: Duration::ZERO,
+            published: 0,
+        }
+    }
+
+    pub fn pass_started(&mut self, now: Instant) {
+        self.interval = now.saturating_duration_since(self.last_started);
+        self.last_started = now;
+    }
+
+    pub fn pass_published(&mut self, events: u64) {
+        self.published = events;
+    }
+
+    /// The earliest time the next pass woken by a commit may start (see [`pass_spacing`]).
+    pub fn next_pass_at(&self, batch_size: usize) -> Instant {
+        self.last_started + pass_spacing(self.published, self.interval, batch_size)
     }
 }
 
@@ -125,12 +144,16 @@ mod tests {
     }
 
     #[test]
-    fn event_retries_back_off_per_attempt() {
-        assert_eq!(event_retry_delay(0), Duration::from_secs(1));
-        assert_eq!(event_retry_delay(1), Duration::from_secs(1));
-        assert_eq!(event_retry_delay(2), Duration::from_secs(2));
-        assert_eq!(event_retry_delay(4), Duration::from_secs(8));
-        assert_eq!(event_retry_delay(7), EVENT_RETRY_CAP);
-        assert_eq!(event_retry_delay(i32::MAX), EVENT_RETRY_CAP);
+    fn pacing_spaces_the_next_pass_from_the_start_of_the_last() {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        let mut pacing = Pacing::new(start);
+        pacing.pass_started(start + ms(10));
+        pacing.pass_published(50);
+        // 50 events in the 10 ms since the pass before: 75 gather in 15 ms.
+        assert_eq!(pacing.next_pass_at(100), start + ms(25));
+        pacing.pass_started(start + ms(30));
+        pacing.pass_published(0);
+        assert_eq!(pacing.next_pass_at(100), start + ms(30));
     }
 }

@@ -195,11 +195,9 @@ impl Statements {
                 )
                 .unwrap_or_else(|e| error!("outbox relay: recording failures failed: {e}"));
             table
-                .filter_map(|row| {
-                    Some(Charged {
-                        id: row.get::<i64>(1).ok().flatten()?,
-                        attempts: row.get::<i32>(2).ok().flatten()?,
-                    })
+                .map(|row| match (row.get::<i64>(1), row.get::<i32>(2)) {
+                    (Ok(Some(id)), Ok(Some(attempts))) => Charged { id, attempts },
+                    other => error!("outbox relay: a charged event reads back as {other:?}"),
                 })
                 .collect()
         })

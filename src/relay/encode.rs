@@ -191,12 +191,6 @@ mod tests {
     }
 
     #[test]
-    fn keys_use_prefix_and_namespace() {
-        assert_eq!(stream_key("", "a.b"), "a.b");
-        assert_eq!(stream_key("app:", "a.b"), "app:a.b");
-    }
-
-    #[test]
     fn markers_live_between_one_and_two_lifetimes() {
         let day = 86_400_000;
         let period = marker_period(20_000 * day + 5, day);

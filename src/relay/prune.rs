@@ -13,13 +13,46 @@ use std::time::Duration;
 
 use pgrx::prelude::*;
 
+use super::worker::{self, in_transaction, End};
+use crate::shmem::Shared;
+
+/// Least time between two pruning rounds, across all workers.
+const EVERY: Duration = Duration::from_secs(60);
+
 /// Ids covered by one delete, and so by one transaction.
-pub const RANGE: i64 = 10_000;
+const RANGE: i64 = 10_000;
 /// Ranges one round may walk before it yields to relaying.
-pub const MAX_RANGES_PER_ROUND: usize = 100;
+const MAX_RANGES_PER_ROUND: usize = 100;
+
+/// Runs a pruning round, one short transaction per range, when a minute (or the retention, if
+/// shorter, as in tests) has passed since the last round of any worker and this worker wins the
+/// turn.
+pub fn prune_if_due(shared: &Shared, retention: Duration, schema: &str, index: usize) {
+    if !shared.claim_prune_turn(worker::now(), EVERY.min(retention)) {
+        return;
+    }
+    let Some(mut from) = in_transaction(|| (first_id(schema), End::Commit)) else {
+        return;
+    };
+    let mut deleted = 0;
+    for _ in 0..MAX_RANGES_PER_ROUND {
+        if worker::shutdown_requested() {
+            break;
+        }
+        let pruned = in_transaction(|| (prune_range(schema, from, retention), End::Commit));
+        deleted += pruned.deleted;
+        match pruned.next {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
+    if deleted > 0 {
+        debug1!("outbox relay {index}: pruned {deleted} published events");
+    }
+}
 
 /// The smallest id in the table, or `None` when it is empty.
-pub fn first_id(schema: &str) -> Option<i64> {
+fn first_id(schema: &str) -> Option<i64> {
     let s = spi::quote_identifier(schema);
     Spi::get_one::<i64>(&format!("SELECT pg_catalog.min(id) FROM {s}.outbox"))
         .ok()
@@ -27,15 +60,15 @@ pub fn first_id(schema: &str) -> Option<i64> {
 }
 
 /// What pruning one range did.
-pub struct Pruned {
-    pub deleted: i64,
+struct Pruned {
+    deleted: i64,
     /// Where the next range starts: the first id past this one, or `None` at the end of the
     /// walk (no row past it, or this range holds a row created within the retention).
-    pub next: Option<i64>,
+    next: Option<i64>,
 }
 
 /// Deletes the expired published rows with ids in `[from, from + RANGE)`.
-pub fn prune_range(schema: &str, from: i64, retention: Duration) -> Pruned {
+fn prune_range(schema: &str, from: i64, retention: Duration) -> Pruned {
     let s = spi::quote_identifier(schema);
     let sql = format!(
         "WITH cutoff AS (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) \

@@ -27,9 +27,14 @@ use std::rc::Rc;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::{PgBox, PgMemoryContexts};
+use pgrx::PgBox;
 
+use crate::backend::{self, BackendLocal};
 use crate::compat;
+
+mod indexes;
+mod shape;
+mod statement;
 
 extern "C-unwind" {
     /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
@@ -46,19 +51,12 @@ unsafe fn nextval(sequence: pg_sys::Oid) -> i64 {
     unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, true)) }
 }
 
-/// A value the backend's only thread keeps between calls. Statics are never dropped, so nothing
-/// here runs PostgreSQL code while the process exits.
-struct BackendLocal<T>(T);
-// SAFETY: a backend runs our code on one thread only; pgrx refuses calls from any other.
-unsafe impl<T> Sync for BackendLocal<T> {}
-
 /// The current target, if one was built.
-static TARGET: BackendLocal<RefCell<Option<Rc<Target>>>> = BackendLocal(RefCell::new(None));
+static TARGET: BackendLocal<RefCell<Option<Rc<Target>>>> = BackendLocal::new(RefCell::new(None));
 /// Counts relcache invalidations of the watched relations; a target is valid while it is equal.
-static GENERATION: BackendLocal<Cell<u64>> = BackendLocal(Cell::new(0));
-static CALLBACK_REGISTERED: BackendLocal<Cell<bool>> = BackendLocal(Cell::new(false));
+static GENERATION: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
 /// Set while a target is being built: any invalidation read meanwhile may concern it.
-static BUILDING: BackendLocal<Cell<bool>> = BackendLocal(Cell::new(false));
+static BUILDING: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// Where the columns `outbox_enqueue` fills sit in the table's tuple descriptor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,15 +128,15 @@ impl Drop for Target {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    let watched = BUILDING.0.get()
-        || match TARGET.0.try_borrow() {
+    let watched = BUILDING.get().get()
+        || match TARGET.get().try_borrow() {
             Ok(target) => target
                 .as_ref()
                 .is_some_and(|t| relid == pg_sys::InvalidOid || t.watches(relid)),
             Err(_) => true,
         };
     if watched {
-        GENERATION.0.set(GENERATION.0.get() + 1);
+        GENERATION.get().set(GENERATION.get().get() + 1);
     }
 }
 
@@ -146,7 +144,7 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
 ///
 /// The columns' defaults are those of `sql/outbox.sql`: the next value of `outbox_id_seq`,
 /// the transaction's start time, and 0 attempts; the others are null. A table of another shape
-/// goes through [`insert_statement`].
+/// goes through [`statement::insert_statement`].
 ///
 /// # Safety
 /// Both datums must be non-null, of types text and jsonb.
@@ -163,7 +161,7 @@ pub unsafe fn insert_event(
         let (target, rel) = open(schema, lockmode);
         if !target.plain {
             pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-            return insert_statement(schema, topic, payload);
+            return statement::insert_statement(schema, topic, payload);
         }
         // As an INSERT would; the function runs as the table's owner.
         let acl =
@@ -213,11 +211,11 @@ pub unsafe fn insert_event(
         pg_sys::ExecStoreVirtualTuple(slot);
 
         match &target.indexes {
-            Some(indexes) => open_indexes(result_rel, indexes),
+            Some(cached) => indexes::open_indexes(result_rel, cached),
             None => pg_sys::ExecOpenIndices(result_rel, false),
         }
         pg_sys::ExecSimpleRelationInsert(result_rel, estate, slot);
-        close_indexes(result_rel, target.indexes.is_some());
+        indexes::close_indexes(result_rel, target.indexes.is_some());
         pg_sys::AfterTriggerEndQuery(estate);
         // A BEFORE trigger may have changed the row, or skipped it.
         let inserted = (*slot).tts_tid.ip_posid != 0;
@@ -241,19 +239,18 @@ pub unsafe fn insert_event(
 unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, pg_sys::Relation) {
     // SAFETY: catalog and relcache calls inside the caller's transaction.
     unsafe {
-        if !CALLBACK_REGISTERED.0.get() {
+        backend::register_once(&backend::RELCACHE_CALLBACK, || {
             pg_sys::CacheRegisterRelcacheCallback(
                 Some(on_relcache_invalidation),
                 pg_sys::Datum::from(0),
             );
-            CALLBACK_REGISTERED.0.set(true);
-        }
-        let cached = TARGET.0.borrow().clone();
+        });
+        let cached = TARGET.get().borrow().clone();
         if let Some(target) = cached.filter(|t| t.schema == schema) {
-            if target.generation == GENERATION.0.get() {
+            if target.generation == GENERATION.get().get() {
                 // Taking the lock reads pending invalidations, which may concern the target.
                 let rel = pg_sys::try_table_open(target.table, lockmode);
-                if !rel.is_null() && target.generation == GENERATION.0.get() {
+                if !rel.is_null() && target.generation == GENERATION.get().get() {
                     return (target, rel);
                 }
                 if !rel.is_null() {
@@ -265,10 +262,10 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
         struct Building;
         impl Drop for Building {
             fn drop(&mut self) {
-                BUILDING.0.set(false);
+                BUILDING.get().set(false);
             }
         }
-        BUILDING.0.set(true);
+        BUILDING.get().set(true);
         let _building = Building;
         let table = pg_sys::get_relname_relid(c"outbox".as_ptr(), schema);
         let sequence = pg_sys::get_relname_relid(c"outbox_id_seq".as_ptr(), schema);
@@ -277,12 +274,12 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
         }
         let rel = pg_sys::table_open(table, lockmode);
         // Invalidations read from here on make the next call build again.
-        let generation = GENERATION.0.get();
+        let generation = GENERATION.get().get();
         let attributes = compat::attributes((*rel).rd_att);
         let columns = Columns::find(attributes.iter().map(|a| {
             (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes())
         }));
-        let plain = has_plain_shape(rel, sequence);
+        let plain = shape::has_plain_shape(rel, sequence);
         let id = columns.id.unwrap_or_default();
         let context = pg_sys::AllocSetContextCreateInternal(
             pg_sys::CacheMemoryContext,
@@ -303,267 +300,11 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
             indexes: None,
             context,
         };
-        target.indexes = build_indexes(rel, context);
+        target.indexes = indexes::build_indexes(rel, context);
         let target = Rc::new(target);
         // The replaced target's context goes when the last call still using it returns.
-        drop(TARGET.0.replace(Some(target.clone())));
+        drop(TARGET.get().replace(Some(target.clone())));
         (target, rel)
-    }
-}
-
-/// Whether `rel` has the columns, types and defaults of `sql/outbox.sql`, and nothing more.
-///
-/// # Safety
-/// `rel` must be open; `sequence` is the OID of its id sequence.
-unsafe fn has_plain_shape(rel: pg_sys::Relation, sequence: pg_sys::Oid) -> bool {
-    use pg_sys::{INT4OID, INT8OID, JSONBOID, TEXTOID, TIMESTAMPTZOID};
-    #[derive(PartialEq)]
-    enum Default {
-        None,
-        NextvalOf(pg_sys::Oid),
-        Now,
-        Zero,
-    }
-    const COLUMNS: usize = 8;
-    // SAFETY: reads of an open relation's tuple descriptor and of its default expressions.
-    unsafe {
-        let attributes = compat::attributes((*rel).rd_att);
-        let mut found = 0;
-        for (at, a) in attributes.iter().enumerate() {
-            if a.attisdropped {
-                continue;
-            }
-            let (ty, default) = match CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() {
-                b"id" => (INT8OID, Default::NextvalOf(sequence)),
-                b"topic" | b"last_error" => (TEXTOID, Default::None),
-                b"payload" => (JSONBOID, Default::None),
-                b"created_at" => (TIMESTAMPTZOID, Default::Now),
-                b"published_at" | b"next_attempt_at" => (TIMESTAMPTZOID, Default::None),
-                b"attempts" => (INT4OID, Default::Zero),
-                _ => return false,
-            };
-            if a.atttypid != ty || a.attgenerated != 0 || a.attidentity != 0 {
-                return false;
-            }
-            let actual = if a.atthasdef {
-                let node = pg_sys::build_column_default(rel, at as i32 + 1);
-                if is_func(node, pg_sys::F_NOW, 0) {
-                    Default::Now
-                } else if is_func(node, pg_sys::F_NEXTVAL, 1) {
-                    let arg = list_first((*node.cast::<pg_sys::FuncExpr>()).args);
-                    match const_value(arg, pg_sys::REGCLASSOID) {
-                        Some(oid) => Default::NextvalOf(pg_sys::Oid::from(oid as u32)),
-                        None => return false,
-                    }
-                } else if const_value(node, INT4OID) == Some(0) {
-                    Default::Zero
-                } else {
-                    return false;
-                }
-            } else {
-                Default::None
-            };
-            if actual != default {
-                return false;
-            }
-            found += 1;
-        }
-        found == COLUMNS
-    }
-}
-
-/// Whether `node` is a call of the function `funcid` with `args` arguments.
-///
-/// # Safety
-/// `node` must be null or a valid expression node.
-unsafe fn is_func(node: *mut pg_sys::Node, funcid: u32, args: i32) -> bool {
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_FuncExpr {
-            return false;
-        }
-        let func = node.cast::<pg_sys::FuncExpr>();
-        let count = if (*func).args.is_null() {
-            0
-        } else {
-            (*(*func).args).length
-        };
-        (*func).funcid == pg_sys::Oid::from(funcid) && count == args
-    }
-}
-
-/// The first element of a non-empty list of nodes.
-///
-/// # Safety
-/// `list` must be a valid, non-empty list of pointers.
-unsafe fn list_first(list: *mut pg_sys::List) -> *mut pg_sys::Node {
-    // SAFETY: guaranteed by the caller.
-    unsafe { (*(*list).elements).ptr_value.cast() }
-}
-
-/// The value of `node` if it is a non-null constant of type `ty`.
-///
-/// # Safety
-/// `node` must be null or a valid expression node.
-unsafe fn const_value(node: *mut pg_sys::Node, ty: pg_sys::Oid) -> Option<usize> {
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_Const {
-            return None;
-        }
-        let value = node.cast::<pg_sys::Const>();
-        ((*value).consttype == ty && !(*value).constisnull).then(|| (*value).constvalue.value())
-    }
-}
-
-/// Inserts the event with a plain `INSERT` statement, for a table whose shape the fast path does
-/// not fill: the columns get their types and defaults as in any `INSERT`. The values go in as
-/// literals, which PostgreSQL reads with the columns' own input functions, whatever their types.
-///
-/// # Safety
-/// Both datums must be non-null, of types text and jsonb.
-unsafe fn insert_statement(
-    schema: pg_sys::Oid,
-    topic: pg_sys::Datum,
-    payload: pg_sys::Datum,
-) -> i64 {
-    // SAFETY: catalog reads and an SPI statement inside the caller's transaction; every string
-    // is palloc'd in the call's memory context and NUL-terminated.
-    unsafe {
-        let namespace = pg_sys::get_namespace_name(schema);
-        if namespace.is_null() {
-            error!("outbox_enqueue: the extension's schema is missing");
-        }
-        let table = pg_sys::quote_qualified_identifier(namespace, c"outbox".as_ptr());
-        let topic = pg_sys::quote_literal_cstr(pg_sys::text_to_cstring(topic.cast_mut_ptr()));
-        let jsonb = pg_sys::pg_detoast_datum(payload.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
-        let json = pg_sys::JsonbToCString(
-            std::ptr::null_mut(),
-            &raw mut (*jsonb).root,
-            pgrx::varlena::varsize_any(jsonb.cast()) as i32,
-        );
-        let json = pg_sys::quote_literal_cstr(json);
-        let mut sql = b"INSERT INTO ".to_vec();
-        sql.extend_from_slice(CStr::from_ptr(table).to_bytes());
-        sql.extend_from_slice(b" (topic, payload) VALUES (");
-        sql.extend_from_slice(CStr::from_ptr(topic).to_bytes());
-        sql.extend_from_slice(b", ");
-        sql.extend_from_slice(CStr::from_ptr(json).to_bytes());
-        sql.extend_from_slice(b") RETURNING id::pg_catalog.int8");
-        let sql = std::ffi::CString::new(sql).unwrap_or_default();
-
-        pg_sys::SPI_connect();
-        let status = pg_sys::SPI_execute(sql.as_ptr(), false, 1);
-        if status != pg_sys::SPI_OK_INSERT_RETURNING as i32 || pg_sys::SPI_processed != 1 {
-            error!("outbox_enqueue: the insert into outbox did not return the new row");
-        }
-        let tuptable = pg_sys::SPI_tuptable;
-        let mut isnull = false;
-        let id = pg_sys::SPI_getbinval(*(*tuptable).vals, (*tuptable).tupdesc, 1, &mut isnull);
-        if isnull {
-            error!("outbox_enqueue: the new row has no id");
-        }
-        // Taken before SPI_finish frees the tuple table; an int8 is passed by value.
-        let id = id.value() as i64;
-        pg_sys::SPI_finish();
-        id
-    }
-}
-
-/// Each index of `rel` with its `IndexInfo` built in `context`, the predicate ready to evaluate;
-/// `None` if an index needs per-call state.
-///
-/// # Safety
-/// `rel` must be open; `context` must be a valid memory context.
-unsafe fn build_indexes(
-    rel: pg_sys::Relation,
-    context: pg_sys::MemoryContext,
-) -> Option<Vec<(pg_sys::Oid, *mut pg_sys::IndexInfo)>> {
-    // SAFETY: relcache reads of an open relation; allocations in `context`.
-    unsafe {
-        let list = pg_sys::RelationGetIndexList(rel);
-        let oids: Vec<pg_sys::Oid> = if list.is_null() {
-            Vec::new()
-        } else {
-            let elements = (*list).elements;
-            (0..(*list).length as usize)
-                .map(|i| (*elements.add(i)).oid_value)
-                .collect()
-        };
-        pg_sys::list_free(list);
-        let mut indexes = Vec::with_capacity(oids.len());
-        for oid in oids {
-            let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-            let index = pg_sys::index_open(oid, lockmode);
-            let info = PgMemoryContexts::For(context).switch_to(|_| {
-                let info = pg_sys::BuildIndexInfo(index);
-                if (*(*index).rd_rel).relam != pg_sys::BTREE_AM_OID
-                    || !(*info).ii_Expressions.is_null()
-                    || !(*info).ii_ExclusionOps.is_null()
-                {
-                    return None;
-                }
-                if !(*info).ii_Predicate.is_null() {
-                    // What ExecPrepareQual does on the first insert of every statement.
-                    let qual = pg_sys::expression_planner((*info).ii_Predicate.cast());
-                    (*info).ii_PredicateState =
-                        pg_sys::ExecInitQual(qual.cast(), std::ptr::null_mut());
-                }
-                Some(info)
-            });
-            pg_sys::index_close(index, lockmode);
-            indexes.push((oid, info?));
-        }
-        Some(indexes)
-    }
-}
-
-/// Opens the indexes as `ExecOpenIndices` does, with the target's `IndexInfo`s.
-///
-/// # Safety
-/// `result_rel` must be initialised on the open table the indexes belong to.
-unsafe fn open_indexes(
-    result_rel: *mut pg_sys::ResultRelInfo,
-    indexes: &[(pg_sys::Oid, *mut pg_sys::IndexInfo)],
-) {
-    if indexes.is_empty() {
-        return;
-    }
-    // SAFETY: arrays allocated in the call's memory context, as ExecOpenIndices does; the
-    // IndexInfos live in the target's context, which outlives the call.
-    unsafe {
-        let count = indexes.len();
-        let descs = pg_sys::palloc(count * std::mem::size_of::<pg_sys::Relation>())
-            .cast::<pg_sys::Relation>();
-        let infos = pg_sys::palloc(count * std::mem::size_of::<*mut pg_sys::IndexInfo>())
-            .cast::<*mut pg_sys::IndexInfo>();
-        for (i, (oid, info)) in indexes.iter().enumerate() {
-            *descs.add(i) = pg_sys::index_open(*oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-            *infos.add(i) = *info;
-        }
-        (*result_rel).ri_NumIndices = count as i32;
-        (*result_rel).ri_IndexRelationDescs = descs;
-        (*result_rel).ri_IndexRelationInfo = infos;
-    }
-}
-
-/// Closes the indexes. Those opened by `open_indexes` keep their lock until the transaction
-/// ends, as the table's does: releasing it is a lock-table round trip per index and frees
-/// nothing an `INSERT`'s lock on the table does not already hold.
-///
-/// # Safety
-/// `result_rel`'s indexes must be open.
-unsafe fn close_indexes(result_rel: *mut pg_sys::ResultRelInfo, cached: bool) {
-    // SAFETY: closes what open_indexes or ExecOpenIndices opened.
-    unsafe {
-        if !cached {
-            pg_sys::ExecCloseIndices(result_rel);
-            return;
-        }
-        for i in 0..(*result_rel).ri_NumIndices as usize {
-            let index = *(*result_rel).ri_IndexRelationDescs.add(i);
-            pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
-        }
     }
 }
 

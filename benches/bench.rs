@@ -2,7 +2,9 @@
 //! from the same run. Starts its own PostgreSQL (extension preloaded) and redis-server, prints
 //! one Markdown table and writes it to BENCHMARKS.md. It reports; it never fails on a figure.
 //!
-//! Run through `scripts/bench.sh`, which installs a release build of the extension first.
+//! Run through `scripts/bench.sh` (`cargo bench --bench bench` once a release build of the
+//! extension is installed). It lives in `benches/` with `harness = false`, so `cargo test`
+//! does not build it.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -16,8 +18,6 @@ use std::time::{Duration, Instant};
 
 use common::{bindir, wait_until, Client, Pg, Redis};
 
-/// Repetitions of each measured case; the table shows medians.
-const REPS: usize = 3;
 /// Repetitions of the relay throughput cases, the noisiest figures.
 const RELAY_REPS: usize = 5;
 /// Runs of each write case: pgbench figures swing most between runs on a shared machine.
@@ -461,14 +461,14 @@ fn latency(pg: &Pg, redis: &Redis, report: &mut Report) {
     report.row(
         "latency p50, 500 events/s",
         format!("{:.2} ms", percentile(&ms, 0.5)),
-        "1.4 ms (C peer, NOTIFY-woken)".into(),
+        "1.4 ms (C peer, NOTIFY-woken; measured elsewhere, not in this run)".into(),
         format!("{:.2}", percentile(&ms, 0.5) / 1.4),
         "< 1 ms",
     );
     report.row(
         "latency p99, 500 events/s",
         format!("{:.2} ms", percentile(&ms, 0.99)),
-        "2.7 ms (C peer, NOTIFY-woken)".into(),
+        "2.7 ms (C peer, NOTIFY-woken; measured elsewhere, not in this run)".into(),
         format!("{:.2}", percentile(&ms, 0.99) / 2.7),
         "< 3 ms",
     );
@@ -572,6 +572,11 @@ fn main() {
     pg.wait_for_workers(1);
     let mut report = Report { rows: Vec::new() };
     let started = Instant::now();
+    let server_version: String = pg
+        .connect()
+        .query_one("SHOW server_version", &[])
+        .unwrap()
+        .get(0);
 
     // BENCH_ONLY=write,relay,latency,history,worker runs a subset while tuning.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
@@ -605,8 +610,10 @@ fn main() {
         .unwrap_or_default();
     let table = report.markdown();
     let text = format!(
-        "# Benchmarks\n\nProduced by `make bench` on {} cores ({cpu}), in {:.0} s. Medians of {REPS} runs ({WRITE_REPS} for the write cases, {RELAY_REPS} for the relay and history cases). \
-         PostgreSQL 15 with fsync off, extension release build, one relay worker, Redis on the same machine. \
+        "# Benchmarks\n\nProduced by `make bench` on {} cores ({cpu}), in {:.0} s. Write cases: medians of {WRITE_REPS} runs of {PGBENCH_SECONDS} s each; \
+         relay cases: medians of {RELAY_REPS} drains of {BACKLOG} events; history: medians of {RELAY_REPS} pairs of drains; latency: one run of 5000 events at 500 events/s; \
+         worker: one drain of each size and one idle period. \
+         PostgreSQL {server_version} with fsync off, extension release build, one relay worker, Redis on the same machine. \
          Ratios compare each figure with the baseline measured in the same run; a throughput ratio is the median of the ratios of \
          runs made next to each other (a write case and the hand-written insert; a relay case, the other dedupe setting and \
          the ceiling; a drain with history and one on the emptied table).\n\n{table}",

@@ -1,0 +1,61 @@
+//! The insert for a table whose shape was changed by hand: a plain `INSERT` statement, so that
+//! its columns get their types and defaults as in any `INSERT`.
+
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// Inserts the event with a plain `INSERT` statement, for a table whose shape the fast path does
+/// not fill: the columns get their types and defaults as in any `INSERT`. The values go in as
+/// literals, which PostgreSQL reads with the columns' own input functions, whatever their types.
+///
+/// # Safety
+/// Both datums must be non-null, of types text and jsonb.
+pub unsafe fn insert_statement(
+    schema: pg_sys::Oid,
+    topic: pg_sys::Datum,
+    payload: pg_sys::Datum,
+) -> i64 {
+    // SAFETY: catalog reads and an SPI statement inside the caller's transaction; every string
+    // is palloc'd in the call's memory context and NUL-terminated.
+    unsafe {
+        let namespace = pg_sys::get_namespace_name(schema);
+        if namespace.is_null() {
+            error!("outbox_enqueue: the extension's schema is missing");
+        }
+        let table = pg_sys::quote_qualified_identifier(namespace, c"outbox".as_ptr());
+        let topic = pg_sys::quote_literal_cstr(pg_sys::text_to_cstring(topic.cast_mut_ptr()));
+        let jsonb = pg_sys::pg_detoast_datum(payload.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
+        let json = pg_sys::JsonbToCString(
+            std::ptr::null_mut(),
+            &raw mut (*jsonb).root,
+            pgrx::varlena::varsize_any(jsonb.cast()) as i32,
+        );
+        let json = pg_sys::quote_literal_cstr(json);
+        let mut sql = b"INSERT INTO ".to_vec();
+        sql.extend_from_slice(CStr::from_ptr(table).to_bytes());
+        sql.extend_from_slice(b" (topic, payload) VALUES (");
+        sql.extend_from_slice(CStr::from_ptr(topic).to_bytes());
+        sql.extend_from_slice(b", ");
+        sql.extend_from_slice(CStr::from_ptr(json).to_bytes());
+        sql.extend_from_slice(b") RETURNING id::pg_catalog.int8");
+        let sql = std::ffi::CString::new(sql).unwrap_or_default();
+
+        pg_sys::SPI_connect();
+        let status = pg_sys::SPI_execute(sql.as_ptr(), false, 1);
+        if status != pg_sys::SPI_OK_INSERT_RETURNING as i32 || pg_sys::SPI_processed != 1 {
+            error!("outbox_enqueue: the insert into outbox did not return the new row");
+        }
+        let tuptable = pg_sys::SPI_tuptable;
+        let mut isnull = false;
+        let id = pg_sys::SPI_getbinval(*(*tuptable).vals, (*tuptable).tupdesc, 1, &mut isnull);
+        if isnull {
+            error!("outbox_enqueue: the new row has no id");
+        }
+        // Taken before SPI_finish frees the tuple table; an int8 is passed by value.
+        let id = id.value() as i64;
+        pg_sys::SPI_finish();
+        id
+    }
+}

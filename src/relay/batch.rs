@@ -1,0 +1,227 @@
+//! One pass's transaction: claim a batch, publish it chunk by chunk while marking it, charge
+//! the events that failed, and say how the transaction must end.
+//!
+//! A large batch goes out in chunks: while Redis works on one chunk, the database marks it and
+//! claims the next, so the two work side by side. The transaction commits once every chunk is
+//! answered, and rolls back if Redis could not be used.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pgrx::prelude::*;
+
+use super::claim::{Claimed, Failure};
+use super::publish::{Interrupted, Reply};
+use super::worker::{self, End};
+use super::{backoff, encode, retry, Pass, Relay};
+use crate::redis_url;
+use crate::shmem::WorkerState;
+
+/// How often the main thread looks up from a Redis call to check for SIGTERM.
+const SIGNAL_TICK: Duration = Duration::from_millis(50);
+
+/// Events per chunk of a batch: a batch goes out in up to four chunks of at least 50 events, so
+/// that the database's work on one chunk overlaps Redis's work on another; a small batch goes
+/// out whole.
+fn chunk_size(batch_size: usize) -> usize {
+    batch_size.div_ceil(4).max(50).min(batch_size.max(1))
+}
+
+/// What one transaction did.
+pub struct Batch {
+    pub pass: Pass,
+    pub published: u64,
+    pub end: End,
+}
+
+impl Batch {
+    fn nothing(pass: Pass) -> Batch {
+        Batch {
+            pass,
+            published: 0,
+            end: End::Commit,
+        }
+    }
+}
+
+impl Relay {
+    /// One batch inside the caller's transaction; says how to end it.
+    pub(super) fn relay_batch(&mut self) -> Batch {
+        let batch_size = self.settings.batch_size;
+        let chunk = chunk_size(batch_size);
+        let Some(statements) = self.extension.find(self.index) else {
+            return Batch::nothing(Pass::NoExtension);
+        };
+        let mut next = statements.claim(chunk);
+        let mut batch = Batch::nothing(Pass::Drained);
+        let mut claimed = 0;
+        while next.len() > 0 {
+            let got = next.len();
+            claimed += got;
+            let Claimed { events, unreadable } = next;
+            if !unreadable.is_empty() {
+                self.charge_failures(unreadable);
+            }
+            let sent: Vec<(i64, String, i32)> = events
+                .iter()
+                .map(|e| (e.id, e.topic.clone(), e.attempts))
+                .collect();
+            if sent.is_empty() {
+                next = match self.extension.statements() {
+                    Some(statements) if got == chunk && claimed < batch_size => {
+                        statements.claim(chunk.min(batch_size - claimed))
+                    }
+                    _ => Claimed::default(),
+                };
+                continue;
+            }
+            if !self.publisher.send(events) {
+                self.exit();
+            }
+            let Some(statements) = self.extension.statements() else {
+                return Batch::nothing(Pass::NoExtension);
+            };
+            // Written while Redis works; undone by the rollback if Redis fails.
+            statements.mark_published(sent.iter().map(|e| e.0).collect());
+            next = if got == chunk && claimed < batch_size {
+                statements.claim(chunk.min(batch_size - claimed))
+            } else {
+                Claimed::default()
+            };
+            self.set_state(WorkerState::Publishing);
+            let reply = match self.publisher.wait(SIGNAL_TICK, || {
+                worker::exit_if_postmaster_died();
+                !worker::shutdown_requested()
+            }) {
+                Ok(reply) => reply,
+                Err(Interrupted::Stopped) => self.exit(),
+            };
+            let results = match reply {
+                Reply::Answered(results) => results,
+                Reply::Unavailable(error) => return self.lost_redis(error),
+            };
+            if self.backoff.reset() {
+                log!(
+                    "outbox relay {}: Redis at {} is reachable again",
+                    self.index,
+                    redis_url::mask(&self.settings.target.url)
+                );
+                self.slot.set_error(None, worker::now());
+            }
+            let failures: Vec<Failure> = sent
+                .into_iter()
+                .zip(results)
+                .filter_map(|((id, topic, attempts), result)| {
+                    result.err().map(|error| Failure {
+                        id,
+                        topic,
+                        attempts,
+                        error,
+                        permanent: false,
+                    })
+                })
+                .collect();
+            batch.published += (got - failures.len()) as u64;
+            if !failures.is_empty() {
+                // Unmarked, and scheduled for later: the claims left in this transaction pass
+                // them by.
+                self.charge_failures(failures);
+            }
+        }
+        if claimed == batch_size {
+            batch.pass = Pass::Full;
+        }
+        batch
+    }
+
+    /// Redis could not be used: the transaction rolls back, and the worker backs off.
+    fn lost_redis(&mut self, error: String) -> Batch {
+        if !self.backoff.is_failing() {
+            warning!(
+                "outbox relay {}: lost Redis at {}: {error}; retrying with backoff up to {}s",
+                self.index,
+                redis_url::mask(&self.settings.target.url),
+                backoff::CAP.as_secs()
+            );
+        }
+        self.slot.set_error(Some(&error), worker::now());
+        Batch {
+            end: End::Rollback,
+            ..Batch::nothing(Pass::RedisDown(self.backoff.next_delay()))
+        }
+    }
+
+    /// Takes the mark back from each event that failed, charges it an attempt and schedules its
+    /// retry; buries those out of attempts, and those that retrying cannot help.
+    fn charge_failures(&mut self, failures: Vec<Failure>) {
+        let Some(statements) = self.extension.statements() else {
+            return;
+        };
+        let charges: Vec<(i64, String, Duration)> = failures
+            .iter()
+            .map(|f| {
+                let delay = retry::delay(f.attempts.saturating_add(1));
+                (f.id, f.error.clone(), delay)
+            })
+            .collect();
+        let attempts: HashMap<i64, i32> = statements
+            .record_failures(&charges)
+            .into_iter()
+            .map(|c| (c.id, c.attempts))
+            .collect();
+        let (index, max_attempts) = (self.index, self.settings.max_attempts);
+        let mut exhausted = Vec::new();
+        let mut last_error = None;
+        for failure in failures {
+            let Some(&attempts) = attempts.get(&failure.id) else {
+                continue;
+            };
+            let (id, topic) = (failure.id, encode::ascii_safe(&failure.topic));
+            let error = encode::ascii_safe(&failure.error);
+            if failure.permanent || attempts >= max_attempts {
+                warning!(
+                    "outbox relay {index}: event {id} (topic {topic}) moved to outbox_dead after \
+                     {attempts} failed attempts: {error}"
+                );
+                exhausted.push(id);
+            } else {
+                if attempts == 1 {
+                    warning!(
+                        "outbox relay {index}: Redis rejected event {id} (topic {topic}): \
+                         {error}; it will be retried up to outbox.max_attempts ({max_attempts}) \
+                         times"
+                    );
+                }
+                self.retries
+                    .scheduled(Instant::now() + retry::delay(attempts));
+            }
+            last_error = Some(error);
+        }
+        if !exhausted.is_empty() {
+            statements.bury(exhausted);
+        }
+        self.slot.set_error(last_error.as_deref(), worker::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_size;
+
+    #[test]
+    fn a_batch_goes_out_in_at_most_four_chunks_of_fifty_or_more() {
+        for batch in (1..=10_000)
+            .step_by(7)
+            .chain([50, 99, 100, 200, 1000, 10_000])
+        {
+            let chunk = chunk_size(batch);
+            let chunks = batch.div_ceil(chunk);
+            assert!(chunks <= 4, "batch {batch}: {chunks} chunks of {chunk}");
+            assert!(
+                chunk >= 50.min(batch),
+                "batch {batch}: chunks of {chunk} events"
+            );
+            assert!(chunk <= batch, "batch {batch}: chunks of {chunk} events");
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Finding the extension in the relay's database: its schema, whether its objects are at the
+//! version this library relays, and the statements prepared for them.
+
+use std::time::{Duration, Instant};
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use super::claim::{self, Statements};
+use crate::gucs;
+
+/// How long the worker trusts its last look-up of the extension while it is relaying.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// What the worker knows of the extension.
+#[derive(Default)]
+pub struct Extension {
+    statements: Option<Statements>,
+    schema: String,
+    checked_at: Option<Instant>,
+    /// The objects' version when it is not the one this library relays (logged once).
+    outdated_version: Option<String>,
+}
+
+impl Extension {
+    /// The schema the extension was last found in.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The prepared statements, if the extension was found and is relayed.
+    pub fn statements(&self) -> Option<&Statements> {
+        self.statements.as_ref()
+    }
+
+    /// Looks the extension up, inside the current transaction, preparing its statements when it
+    /// is new; `None` while it is missing or its objects are older than this library. While
+    /// relaying, the catalog is consulted at most once a second: should the extension be dropped
+    /// in between, the next statement fails and the worker restarts into waiting.
+    pub fn find(&mut self, index: usize) -> Option<&Statements> {
+        let fresh = self.checked_at.is_some_and(|at| at.elapsed() < RECHECK);
+        if self.statements.is_some() && fresh {
+            return self.statements.as_ref();
+        }
+        self.checked_at = Some(Instant::now());
+        // SAFETY: a catalog lookup inside the current transaction.
+        let oid = unsafe { pg_sys::get_extension_oid(c"outbox".as_ptr(), true) };
+        if oid == pg_sys::InvalidOid {
+            self.statements = None;
+            return None;
+        }
+        if self.statements.as_ref().map(|s| s.extension) != Some(oid) {
+            self.statements = None;
+            let (schema, version) = claim::extension_schema(oid)?;
+            if version != env!("CARGO_PKG_VERSION") {
+                // The library was upgraded and the SQL objects not yet: relaying resumes once
+                // ALTER EXTENSION brings them to the version this library's statements need.
+                if self.outdated_version.as_deref() != Some(version.as_str()) {
+                    log!(
+                        "outbox relay {index}: the extension's objects are at version {version}, \
+                         this library relays version {}; run ALTER EXTENSION outbox UPDATE in \
+                         database {}",
+                        env!("CARGO_PKG_VERSION"),
+                        gucs::database()
+                    );
+                    self.outdated_version = Some(version);
+                }
+                return None;
+            }
+            self.outdated_version = None;
+            self.statements = Some(Statements::prepare(oid, &schema));
+            self.schema = schema;
+        }
+        self.statements.as_ref()
+    }
+}

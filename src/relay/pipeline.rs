@@ -1,0 +1,282 @@
+//! One round trip to Redis as a pipeline: the commands that publish a chunk of events (the
+//! dedupe script per stream, or plain XADDs), the deletion of markers whose batch committed, and
+//! how the replies map back to events. No I/O here.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redis::Value;
+
+use super::connection::Failed;
+use super::encode::{group_by_stream, marker_key, marker_period, rfc3339, shard_runs, Event};
+use super::publish::{Markers, Target};
+
+pub const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
+
+/// The script's SHA1, by which chunks call it (`EVALSHA`) once a connection has loaded it.
+fn dedupe_script_sha() -> &'static str {
+    static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SHA.get_or_init(|| redis::Script::new(DEDUPE_SCRIPT).get_hash().to_string())
+}
+
+/// One round trip's worth of work.
+pub struct Chunk<'a> {
+    pub target: &'a Target,
+    pub events: &'a [Event],
+    /// Markers of batches whose transaction has committed, deleted on the way.
+    pub cleanup: &'a [Markers],
+}
+
+/// What Redis made of a chunk: one result per event, in order, and the markers the chunk left
+/// behind (with dedupe on), to delete once its transaction has committed.
+pub struct Answer {
+    pub results: Vec<Result<(), String>>,
+    pub markers: Vec<Markers>,
+}
+
+/// An error reply as Redis words it: `WRONGTYPE Operation against a key ...`.
+pub fn reply_error(error: &redis::ServerError) -> String {
+    match error.details() {
+        Some(detail) => format!("{} {detail}", error.code()),
+        None => error.code().to_string(),
+    }
+}
+
+/// Whether a Redis error code concerns one event (its key) or the whole server. An ACL refusal
+/// (`NOPERM`) is the server's: it says what the relay's Redis user may do, and charging it to
+/// events would bury a whole backlog over a permission to fix.
+pub fn is_server_wide(code: &str) -> bool {
+    matches!(
+        code,
+        "NOAUTH"
+            | "WRONGPASS"
+            | "LOADING"
+            | "READONLY"
+            | "MASTERDOWN"
+            | "BUSY"
+            | "OOM"
+            | "CLUSTERDOWN"
+            | "TRYAGAIN"
+            | "MISCONF"
+            | "NOREPLICAS"
+            | "NOSCRIPT"
+            | "EXECABORT"
+            | "NOPERM"
+    )
+}
+
+/// How the pipeline's replies map back to events: per command, the batch positions it covers.
+pub struct Layout {
+    commands: Vec<Vec<usize>>,
+    markers: Vec<Markers>,
+}
+
+pub fn build(chunk: &Chunk) -> (redis::Pipeline, Layout) {
+    let target = chunk.target;
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for markers in chunk.cleanup {
+        pipe.cmd("HDEL")
+            .arg(&markers.hash)
+            .arg(&markers.ids)
+            .ignore();
+    }
+    let mut layout = Layout {
+        commands: Vec::new(),
+        markers: Vec::new(),
+    };
+    if target.dedupe {
+        let ttl_ms = target.dedupe_ttl.as_millis() as u64;
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let period = marker_period(now_ms, ttl_ms);
+        let namespace = &target.marker_namespace;
+        for (stream, positions) in group_by_stream(&target.stream_prefix, chunk.events) {
+            let runs = shard_runs(chunk.events, &positions);
+            let cmd = pipe
+                .cmd("EVALSHA")
+                .arg(dedupe_script_sha())
+                .arg(1 + 2 * runs.len())
+                .arg(&stream);
+            for (shard, run) in &runs {
+                let prefix = &target.stream_prefix;
+                let current = marker_key(prefix, namespace, period.current, *shard, &stream);
+                let previous = marker_key(
+                    prefix,
+                    namespace,
+                    period.current.saturating_sub(1),
+                    *shard,
+                    &stream,
+                );
+                cmd.arg(&current).arg(previous);
+                layout.markers.push(Markers {
+                    hash: current,
+                    ids: run.iter().map(|&p| chunk.events[p].id).collect(),
+                });
+            }
+            cmd.arg(target.stream_maxlen).arg(period.expires_at_ms);
+            for (_, run) in &runs {
+                cmd.arg(run.len());
+            }
+            for &p in &positions {
+                cmd.arg(chunk.events[p].id);
+            }
+            for &p in &positions {
+                let event = &chunk.events[p];
+                cmd.arg(&event.topic)
+                    .arg(&event.payload)
+                    .arg(rfc3339(event.created_at));
+            }
+            layout.commands.push(positions);
+        }
+    } else {
+        for (index, event) in chunk.events.iter().enumerate() {
+            let cmd = pipe.cmd("XADD").arg(super::encode::stream_key(
+                &target.stream_prefix,
+                &event.topic,
+            ));
+            if target.stream_maxlen > 0 {
+                cmd.arg("MAXLEN").arg("~").arg(target.stream_maxlen);
+            }
+            cmd.arg("*");
+            for (name, value) in event.fields() {
+                cmd.arg(name).arg(value.as_ref());
+            }
+            layout.commands.push(vec![index]);
+        }
+    }
+    (pipe, layout)
+}
+
+/// Whether a reply is a protocol error, after which Redis closes the connection (a bulk
+/// argument larger than `proto-max-bulk-len`, say).
+pub fn closes_connection(value: &Value) -> bool {
+    match value {
+        Value::ServerError(e) => e
+            .details()
+            .is_some_and(|detail| detail.starts_with("Protocol error")),
+        Value::Array(items) => items.iter().any(closes_connection),
+        _ => false,
+    }
+}
+
+/// Turns the pipeline's replies into per-event results. A server-wide error anywhere makes the
+/// whole batch unavailable, so that no event is charged an attempt for it.
+pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer, Failed> {
+    if values.len() != layout.commands.len() {
+        return Err(Failed::Broken(format!(
+            "Redis answered {} replies to {} commands",
+            values.len(),
+            layout.commands.len()
+        )));
+    }
+    let mut results: Vec<Result<(), String>> = vec![Ok(()); chunk.events.len()];
+    for (value, positions) in values.into_iter().zip(&layout.commands) {
+        match value {
+            Value::ServerError(e) => {
+                let message = reply_error(&e);
+                if is_server_wide(e.code()) {
+                    return Err(Failed::Refused(message));
+                }
+                for &p in positions {
+                    results[p] = Err(message.clone());
+                }
+            }
+            Value::Array(items) if chunk.target.dedupe => {
+                if items.len() != positions.len() {
+                    return Err(Failed::Broken(
+                        "unexpected reply from the dedupe script".into(),
+                    ));
+                }
+                for (item, &p) in items.into_iter().zip(positions) {
+                    match item {
+                        Value::BulkString(_) | Value::SimpleString(_) => {}
+                        Value::ServerError(e) => {
+                            if is_server_wide(e.code()) {
+                                return Err(Failed::Refused(reply_error(&e)));
+                            }
+                            results[p] = Err(reply_error(&e));
+                        }
+                        other => {
+                            return Err(Failed::Broken(format!(
+                                "unexpected item from the dedupe script: {other:?}"
+                            )))
+                        }
+                    }
+                }
+            }
+            Value::BulkString(_) | Value::SimpleString(_) if !chunk.target.dedupe => {}
+            other => {
+                return Err(Failed::Broken(format!(
+                    "unexpected reply from Redis: {other:?}"
+                )))
+            }
+        }
+    }
+    Ok(Answer {
+        results,
+        markers: layout.markers.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn event(id: i64, topic: &str) -> Event {
+        Event {
+            id,
+            topic: topic.into(),
+            payload: "{}".into(),
+            created_at: 0,
+            attempts: 0,
+        }
+    }
+
+    fn reply(resp: &[u8]) -> Value {
+        redis::parse_redis_value(resp).expect("not RESP")
+    }
+
+    #[test]
+    fn a_key_error_fails_its_events_and_a_refusal_fails_the_chunk() {
+        let target = Target {
+            url: "redis://127.0.0.1".into(),
+            timeout: Duration::from_secs(1),
+            stream_prefix: String::new(),
+            stream_maxlen: 0,
+            dedupe: false,
+            dedupe_ttl: Duration::from_secs(1),
+            marker_namespace: "t".into(),
+        };
+        let events = [event(1, "a"), event(2, "b"), event(3, "a")];
+        let chunk = Chunk {
+            target: &target,
+            events: &events,
+            cleanup: &[],
+        };
+        let (_, layout) = build(&chunk);
+        let added = || reply(b"$3\r\n1-1\r\n");
+        let wrongtype = || reply(b"-WRONGTYPE Operation against a key\r\n");
+        let Ok(answer) = read(&chunk, &layout, vec![wrongtype(), added(), wrongtype()]) else {
+            panic!("a key error failed the whole chunk");
+        };
+        assert_eq!(
+            answer.results,
+            [
+                Err("WRONGTYPE Operation against a key".to_string()),
+                Ok(()),
+                Err("WRONGTYPE Operation against a key".to_string()),
+            ]
+        );
+        let noperm = reply(b"-NOPERM this user has no permissions\r\n");
+        assert!(matches!(
+            read(&chunk, &layout, vec![added(), noperm, added()]),
+            Err(Failed::Refused(error)) if error.starts_with("NOPERM")
+        ));
+        assert!(matches!(
+            read(&chunk, &layout, vec![added()]),
+            Err(Failed::Broken(_))
+        ));
+    }
+}

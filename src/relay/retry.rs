@@ -1,0 +1,87 @@
+//! When an event that failed is tried again. The schedule itself is in the table
+//! (`next_attempt_at`), shared by every worker and kept across restarts; a worker only keeps the
+//! earliest retry it scheduled, so that it looks for due events then rather than at its next
+//! poll. Pure logic, unit-tested.
+
+use std::time::{Duration, Instant};
+
+/// Longest wait before an event that failed is tried again.
+pub const CAP: Duration = Duration::from_secs(60);
+
+/// Wait before an event that failed `attempts` times is claimed again: 1 s, 2 s, 4 s ... capped
+/// at [`CAP`], so that a poison event costs little while it exhausts `outbox.max_attempts` and
+/// the events behind it flow on.
+pub fn delay(attempts: i32) -> Duration {
+    let exponent = attempts.saturating_sub(1).clamp(0, 31) as u32;
+    Duration::from_secs(1)
+        .checked_mul(2u32.saturating_pow(exponent))
+        .map_or(CAP, |d| d.min(CAP))
+}
+
+/// The earliest retry this worker scheduled and has not yet reached.
+#[derive(Debug, Default)]
+pub struct RetrySchedule {
+    next: Option<Instant>,
+}
+
+impl RetrySchedule {
+    /// Notes that an event will be due at `at`.
+    pub fn scheduled(&mut self, at: Instant) {
+        self.next = Some(self.next.map_or(at, |next| next.min(at)));
+    }
+
+    /// How long to sleep at `now` when nothing wakes the worker: the poll interval, or less when
+    /// a retry falls due sooner; at least a millisecond.
+    pub fn wait(&mut self, now: Instant, poll_interval: Duration) -> Duration {
+        if self.next.is_some_and(|at| at <= now) {
+            self.next = None;
+        }
+        self.next
+            .map_or(poll_interval, |at| (at - now).min(poll_interval))
+            .max(Duration::from_millis(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_per_attempt() {
+        assert_eq!(delay(0), Duration::from_secs(1));
+        assert_eq!(delay(1), Duration::from_secs(1));
+        assert_eq!(delay(2), Duration::from_secs(2));
+        assert_eq!(delay(4), Duration::from_secs(8));
+        assert_eq!(delay(7), CAP);
+        assert_eq!(delay(i32::MAX), CAP);
+    }
+
+    #[test]
+    fn the_worker_wakes_for_its_earliest_retry_then_polls() {
+        let start = Instant::now();
+        let poll = Duration::from_secs(1);
+        let mut schedule = RetrySchedule::default();
+        assert_eq!(schedule.wait(start, poll), poll);
+        schedule.scheduled(start + Duration::from_millis(400));
+        schedule.scheduled(start + Duration::from_millis(900));
+        assert_eq!(schedule.wait(start, poll), Duration::from_millis(400));
+        // A later retry does not push back an earlier one.
+        schedule.scheduled(start + Duration::from_secs(5));
+        assert_eq!(
+            schedule.wait(start + Duration::from_millis(100), poll),
+            Duration::from_millis(300)
+        );
+        // Once it is reached, the worker polls again; a retry further off than the poll waits
+        // for the poll.
+        assert_eq!(
+            schedule.wait(start + Duration::from_millis(400), poll),
+            poll
+        );
+        schedule.scheduled(start + Duration::from_secs(30));
+        assert_eq!(schedule.wait(start, poll), poll);
+        assert_eq!(
+            RetrySchedule::default().wait(start, Duration::ZERO),
+            Duration::from_millis(1)
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! The worker process's plumbing: its slot in shared memory, signals, the latch, and the
+//! transaction bracket that every statement of the relay runs in.
+
+use std::ffi::c_long;
+use std::time::Duration;
+
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::gucs;
+use crate::shmem::{self, Shared, WorkerSlot};
+
+/// Sets up the signal handlers and attaches the process to slot `index`, which is cleared again
+/// however the process ends.
+pub fn attach(index: usize) -> (&'static Shared, &'static WorkerSlot) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let Some(shared) = shmem::shared() else {
+        error!("outbox relay: shared memory is missing; is outbox in shared_preload_libraries?");
+    };
+    let slot = shared.slot(index);
+    // SAFETY: MyProcPid and MyLatch are this process's own, valid for its life; the exit
+    // callback clears the slot however the process ends.
+    unsafe {
+        slot.attach(pg_sys::MyProcPid, pg_sys::MyLatch);
+        pg_sys::before_shmem_exit(Some(detach), pg_sys::Datum::from(index));
+    }
+    (shared, slot)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn detach(_code: i32, arg: pg_sys::Datum) {
+    if let Some(shared) = shmem::shared() {
+        shared
+            .slot(arg.value().min(gucs::MAX_WORKERS as usize - 1))
+            .detach();
+    }
+}
+
+pub fn shutdown_requested() -> bool {
+    // SAFETY: a sig_atomic_t flag set by the SIGTERM handler.
+    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
+}
+
+/// Rereads the configuration file if SIGHUP asked for it; says whether it did.
+pub fn reload_configuration() -> bool {
+    // SAFETY: ConfigReloadPending is set by the SIGHUP handler; ProcessConfigFile is what a
+    // background worker must call itself.
+    unsafe {
+        if std::ptr::read_volatile(&raw const pg_sys::ConfigReloadPending) == 0 {
+            return false;
+        }
+        pg_sys::ConfigReloadPending = 0;
+        pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+    }
+    true
+}
+
+/// Waits on the latch for at most `timeout`; exits the process if the postmaster died.
+pub fn wait_latch(timeout: Duration) {
+    // SAFETY: the standard latch wait of a background worker, on its own latch.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            timeout.as_millis().min(c_long::MAX as u128) as c_long,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+}
+
+/// Exits the process if the postmaster has died, without waiting.
+pub fn exit_if_postmaster_died() {
+    // SAFETY: a zero-timeout wait whose only event is postmaster death; the latch is untouched.
+    unsafe {
+        pg_sys::WaitLatch(
+            std::ptr::null_mut(),
+            (pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            0,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+    }
+}
+
+/// Exits with code 1: the postmaster restarts a worker stopped by pg_terminate_backend, and
+/// ignores the code during a shutdown.
+pub fn exit() -> ! {
+    // The exit callbacks clear the slot and abort any transaction.
+    crate::compat::proc_exit(1)
+}
+
+/// Whether the server is a hot standby (or still recovering).
+pub fn in_recovery() -> bool {
+    // SAFETY: reads shared recovery state.
+    unsafe { pg_sys::RecoveryInProgress() }
+}
+
+/// The current time as a PostgreSQL `TimestampTz`.
+pub fn now() -> i64 {
+    // SAFETY: reads the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Shows the worker as running a statement or idle in `pg_stat_activity`.
+pub fn report_activity(running: bool) {
+    let activity = if running {
+        pg_sys::BackendState::STATE_RUNNING
+    } else {
+        pg_sys::BackendState::STATE_IDLE
+    };
+    // SAFETY: reports this backend's own activity.
+    unsafe { pg_sys::pgstat_report_activity(activity, std::ptr::null()) };
+}
+
+/// How a transaction ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Commit,
+    Rollback,
+}
+
+/// Runs `body` in a transaction of its own, ended as `body` says, then reports statistics so
+/// autovacuum sees the relay's updates and deletes while the worker lives.
+pub fn in_transaction<R>(body: impl FnOnce() -> (R, End)) -> R {
+    // SAFETY: the standard transaction bracket of a background worker, outside any transaction.
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let (result, end) = body();
+    // SAFETY: closes the bracket opened above.
+    unsafe {
+        pg_sys::PopActiveSnapshot();
+        if end == End::Commit {
+            pg_sys::CommitTransactionCommand();
+        } else {
+            pg_sys::AbortCurrentTransaction();
+        }
+        pg_sys::pgstat_report_stat(false);
+    }
+    result
+}
