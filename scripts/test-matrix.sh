@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite on every PostgreSQL major that is tested here (15, 16 and 18), one after
 # the other; each installs what it needs first. Builds share the target directory, so only the
-# parts that differ between majors are compiled again.
+# parts that differ between majors are compiled again. Ends with the tests counted over all
+# majors.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib.sh"
 
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
 for major in "${TESTED_MAJORS[@]}"; do
   say "PostgreSQL $major: the whole suite"
-  PG="$major" PG_CONFIG="" "$here/test.sh"
+  PG="$major" PG_CONFIG="" "$here/test.sh" 2>&1 | tee -a "$log"
 done
+passed="$(grep -oE '^test result: [a-z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')"
+failed="$(grep -oE '; [0-9]+ failed' "$log" | awk '{s += $2} END {print s + 0}')"
 say "All tests passed on PostgreSQL ${TESTED_MAJORS[*]}"
+echo "$passed passed, $failed failed"

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{notifications, Client, Pg};
+use common::{notifications, sqlstate, Client, Pg};
 
 fn server() -> Pg {
     Pg::start(&[("outbox.workers", "0")])
@@ -13,13 +13,6 @@ fn server() -> Pg {
 
 fn count(client: &mut Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).unwrap().get(0)
-}
-
-fn sqlstate(error: &postgres::Error) -> String {
-    error
-        .code()
-        .map(|c| c.code().to_string())
-        .unwrap_or_else(|| format!("no SQLSTATE: {error}"))
 }
 
 #[test]

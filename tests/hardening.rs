@@ -8,7 +8,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use common::{enqueue_many, wait_until, Client, Pg, Redis};
+use common::{enqueue_many, sqlstate, wait_until, Client, Pg, Redis};
 
 // ---------------------------------------------------------------------------------------------
 // Shared set-up
@@ -47,13 +47,6 @@ fn value_in<T: for<'a> postgres::types::FromSql<'a>>(pg: &Pg, db: &str, sql: &st
 
 fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
     client.query_one(sql, &[]).unwrap().get(0)
-}
-
-fn sqlstate(error: &postgres::Error) -> String {
-    error
-        .code()
-        .map(|c| c.code().to_string())
-        .unwrap_or_else(|| format!("no SQLSTATE: {error}"))
 }
 
 /// `ids` as a SQL array literal.
@@ -696,42 +689,34 @@ fn assert_both_generations_published(
     );
 }
 
-/// `TRUNCATE outbox RESTART IDENTITY` gives the next events ids 1, 2 ... again, while the dedupe
-/// markers of the events that had them may still be in Redis (here: left by a worker that
-/// stopped before removing them). The new events must not be mistaken for the old ones and
-/// dropped.
-#[test]
-fn ids_used_again_after_truncate_restart_identity_are_published() {
+/// Publishes a first generation, restarts the worker (the new one does not know the markers
+/// left in Redis), runs `reuse` to give the next events the same ids, and checks that the second
+/// generation is published too.
+fn ids_used_again_after(reuse: &str) {
     let (redis, url) = redis_keeping_markers();
     let pg = Pg::start(&[("outbox.redis_url", &url), ("outbox.poll_interval", "1h")]);
     pg.with_extension();
     pg.wait_for_workers(1);
     let first = publish_first_generation(&pg, &redis);
-    // The new worker does not know the markers: nothing removes them now.
     restart_worker(&pg);
     let mut client = pg.connect();
-    client
-        .batch_execute("TRUNCATE outbox RESTART IDENTITY")
-        .unwrap();
+    client.batch_execute(reuse).unwrap();
     let second = enqueue_generation(&mut client, 2);
     assert_both_generations_published(&pg, &redis, &first, &second);
+}
+
+/// `TRUNCATE outbox RESTART IDENTITY` gives the next events ids 1, 2 ... again, while the dedupe
+/// markers of the events that had them may still be in Redis. The new events must not be
+/// mistaken for the old ones and dropped.
+#[test]
+fn ids_used_again_after_truncate_restart_identity_are_published() {
+    ids_used_again_after("TRUNCATE outbox RESTART IDENTITY");
 }
 
 /// The same with the rows deleted and the sequence set back by hand.
 #[test]
 fn ids_used_again_after_setval_are_published() {
-    let (redis, url) = redis_keeping_markers();
-    let pg = Pg::start(&[("outbox.redis_url", &url), ("outbox.poll_interval", "1h")]);
-    pg.with_extension();
-    pg.wait_for_workers(1);
-    let first = publish_first_generation(&pg, &redis);
-    restart_worker(&pg);
-    let mut client = pg.connect();
-    client
-        .batch_execute("DELETE FROM outbox; SELECT setval('outbox_id_seq', 1, false)")
-        .unwrap();
-    let second = enqueue_generation(&mut client, 2);
-    assert_both_generations_published(&pg, &redis, &first, &second);
+    ids_used_again_after("DELETE FROM outbox; SELECT setval('outbox_id_seq', 1, false)");
 }
 
 /// A base backup taken before the first events, restored after they were published: the

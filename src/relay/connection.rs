@@ -83,8 +83,8 @@ pub fn publish(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, S
             // Whether Redis itself is reachable tells a lost Redis from an event that cannot
             // be published (larger than Redis accepts, say): the first waits with backoff, the
             // second is charged to its event, alone.
-            reopen(slot, chunk.target).map_err(|_| error.clone())?;
-            isolate(slot, chunk, error)
+            reopen(slot, chunk.target).map_err(|_| error)?;
+            isolate(slot, chunk)
         }
     }
 }
@@ -98,13 +98,7 @@ fn reopen(slot: &mut Option<Connection>, target: &Target) -> Result<(), String> 
 
 /// Publishes the chunk's events one at a time, after a failure that a reachable Redis made of
 /// the whole chunk: each event that fails alone is charged with its error.
-fn isolate(slot: &mut Option<Connection>, chunk: &Chunk, error: String) -> Result<Answer, String> {
-    if chunk.events.len() <= 1 {
-        return Ok(Answer {
-            results: vec![Err(error); chunk.events.len()],
-            markers: Vec::new(),
-        });
-    }
+fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, String> {
     let mut results = Vec::with_capacity(chunk.events.len());
     let mut markers = Vec::new();
     for (i, event) in chunk.events.iter().enumerate() {
@@ -113,32 +107,34 @@ fn isolate(slot: &mut Option<Connection>, chunk: &Chunk, error: String) -> Resul
             events: std::slice::from_ref(event),
             cleanup: if i == 0 { chunk.cleanup } else { &[] },
         };
-        match send(slot, &single) {
-            Ok(mut answer) => {
-                results.append(&mut answer.results);
-                markers.append(&mut answer.markers);
-            }
+        let mut answer = send_alone(slot, &single)?;
+        results.append(&mut answer.results);
+        markers.append(&mut answer.markers);
+    }
+    Ok(Answer { results, markers })
+}
+
+/// Sends a chunk of one event. If it breaks the connection, which an earlier event may have
+/// left half-closed, it is sent once more on a fresh one: only an event that breaks a fresh
+/// connection too, while Redis still answers on another, is charged.
+fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, String> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match send(slot, single) {
+            Ok(answer) => return Ok(answer),
             Err(Failed::Refused(error)) => return Err(error),
-            // It may have broken a connection that an earlier event left half-closed: only an
-            // event that breaks a fresh connection too, while Redis still answers on another,
-            // is charged.
             Err(Failed::Broken(error)) => {
-                reopen(slot, chunk.target).map_err(|_| error.clone())?;
-                match send(slot, &single) {
-                    Ok(mut answer) => {
-                        results.append(&mut answer.results);
-                        markers.append(&mut answer.markers);
-                    }
-                    Err(Failed::Refused(error)) => return Err(error),
-                    Err(Failed::Broken(error)) => {
-                        reopen(slot, chunk.target).map_err(|_| error.clone())?;
-                        results.push(Err(error));
-                    }
+                reopen(slot, single.target).map_err(|_| error.clone())?;
+                if tries == 2 {
+                    return Ok(Answer {
+                        results: vec![Err(error)],
+                        markers: Vec::new(),
+                    });
                 }
             }
         }
     }
-    Ok(Answer { results, markers })
 }
 
 /// Sends the chunk as one pipeline on the slot's connection, opening one if needed.

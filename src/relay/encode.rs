@@ -148,18 +148,24 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month, day)
 }
 
+/// An event on `topic` with an empty payload, for unit tests.
+#[cfg(test)]
+pub fn sample_event(id: i64, topic: &str) -> Event {
+    Event {
+        id,
+        topic: topic.into(),
+        payload: "{}".into(),
+        created_at: 0,
+        attempts: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn event(id: i64, topic: &str) -> Event {
-        Event {
-            id,
-            topic: topic.into(),
-            payload: "{}".into(),
-            created_at: 0,
-            attempts: 0,
-        }
+        sample_event(id, topic)
     }
 
     #[test]

@@ -222,17 +222,8 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relay::encode::sample_event as event;
     use std::time::Duration;
-
-    fn event(id: i64, topic: &str) -> Event {
-        Event {
-            id,
-            topic: topic.into(),
-            payload: "{}".into(),
-            created_at: 0,
-            attempts: 0,
-        }
-    }
 
     fn reply(resp: &[u8]) -> Value {
         redis::parse_redis_value(resp).expect("not RESP")

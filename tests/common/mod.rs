@@ -210,14 +210,24 @@ impl Redis {
         self.signal("-CONT");
     }
 
+    /// Runs `cmd` on a new connection, once more if a signal to the test process interrupted
+    /// the socket read (EINTR), which says nothing about Redis.
+    pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match cmd.query(&mut self.conn()) {
+                Ok(value) => return value,
+                Err(e) if tries < 5 && e.to_string().contains("Interrupted") => continue,
+                Err(e) => panic!("{cmd:?} failed: {e}"),
+            }
+        }
+    }
+
     /// Every entry of a stream, as (entry id, fields).
     pub fn entries(&self, stream: &str) -> Vec<(String, HashMap<String, String>)> {
-        let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg("-")
-            .arg("+")
-            .query(&mut self.conn())
-            .expect("XRANGE failed");
+        let reply: Vec<(String, Vec<String>)> =
+            self.query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"));
         reply
             .into_iter()
             .map(|(id, flat)| {
@@ -239,10 +249,7 @@ impl Redis {
     }
 
     pub fn xlen(&self, stream: &str) -> usize {
-        redis::cmd("XLEN")
-            .arg(stream)
-            .query(&mut self.conn())
-            .expect("XLEN failed")
+        self.query(redis::cmd("XLEN").arg(stream))
     }
 }
 
@@ -576,4 +583,12 @@ pub fn notifications(client: &mut Client, timeout: Duration, max: usize) -> Vec<
         }
     }
     got
+}
+
+/// The SQLSTATE of a failed statement, or a note that it has none.
+pub fn sqlstate(error: &postgres::Error) -> String {
+    error
+        .code()
+        .map(|c| c.code().to_string())
+        .unwrap_or_else(|| format!("no SQLSTATE: {error}"))
 }
