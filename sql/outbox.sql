@@ -1,6 +1,24 @@
 -- The outbox's SQL surface. Hand-written so that what users call is plain, reviewable SQL; the
 -- C entry points behind it are private (_outbox_*).
 
+-- Rows are routed to a ring of 16 partitions by runs of 65,536 ids (src/ring.rs): writers fill
+-- one partition while the relay empties those behind it with TRUNCATE once their rows are all
+-- published and past outbox.retention. Pruning then leaves no dead row versions, and a
+-- partition's space comes back within seconds of its retention, whatever autovacuum does.
+-- The operator class hashes an id to its run; it is for this partitioning only.
+CREATE FUNCTION @extschema@._outbox_id_hash(bigint) RETURNS int
+    LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+    AS 'MODULE_PATHNAME', '_outbox_id_hash_wrapper';
+CREATE FUNCTION @extschema@._outbox_id_hash_extended(bigint, bigint) RETURNS bigint
+    LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+    AS 'MODULE_PATHNAME', '_outbox_id_hash_extended_wrapper';
+CREATE OPERATOR FAMILY @extschema@.outbox_id_chunk_ops USING hash;
+CREATE OPERATOR CLASS @extschema@.outbox_id_chunk_ops FOR TYPE bigint
+    USING hash FAMILY @extschema@.outbox_id_chunk_ops AS
+    OPERATOR 1 pg_catalog.= (bigint, bigint),
+    FUNCTION 1 @extschema@._outbox_id_hash(bigint),
+    FUNCTION 2 @extschema@._outbox_id_hash_extended(bigint, bigint);
+
 CREATE TABLE @extschema@.outbox (
     id           bigserial PRIMARY KEY,
     topic        text NOT NULL,
@@ -12,16 +30,7 @@ CREATE TABLE @extschema@.outbox (
     -- Set when Redis rejected the event: the relay tries it again from then on. Kept in the
     -- table, so every worker honours it and a restart does not forget it.
     next_attempt_at timestamptz
-) WITH (
-    -- A queue table: every row is inserted, updated once and deleted. Vacuum it early and
-    -- often so dead tuples never pile up behind the relay's claim.
-    autovacuum_vacuum_scale_factor = 0.01,
-    autovacuum_vacuum_threshold = 1000,
-    autovacuum_vacuum_insert_scale_factor = 0.01,
-    autovacuum_analyze_scale_factor = 0.02,
-    autovacuum_vacuum_cost_delay = 0,
-    fillfactor = 90
-);
+) PARTITION BY HASH (id @extschema@.outbox_id_chunk_ops);
 COMMENT ON TABLE @extschema@.outbox IS
     'Events written by outbox_enqueue; the relay publishes them to Redis Streams and sets published_at.';
 
@@ -32,6 +41,27 @@ CREATE INDEX outbox_unpublished ON @extschema@.outbox (id)
     WHERE published_at IS NULL AND next_attempt_at IS NULL;
 CREATE INDEX outbox_retrying ON @extschema@.outbox (next_attempt_at)
     WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
+
+-- The partitions, outbox_00 to outbox_15. Each row is inserted and marked once; the marks'
+-- old versions are what vacuum has to reclaim before the partition is truncated, so vacuum
+-- early and often.
+DO $$
+BEGIN
+    FOR r IN 0..15 LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TABLE @extschema@.%I PARTITION OF @extschema@.outbox '
+            'FOR VALUES WITH (MODULUS 16, REMAINDER %s) WITH ('
+            'autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000, '
+            'autovacuum_vacuum_insert_scale_factor = 0.01, '
+            'autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0, '
+            'fillfactor = 90)',
+            'outbox_' || pg_catalog.lpad(r::text, 2, '0'), r);
+        -- pg_dump includes the events, so a restore loses none.
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('@extschema@.%I', 'outbox_' || pg_catalog.lpad(r::text, 2, '0'))::regclass, '');
+    END LOOP;
+END
+$$;
 
 -- Keyed by the event's identity, (id, created_at): ids can be used again (TRUNCATE ... RESTART
 -- IDENTITY, setval, a restore), and a dead letter kept from before must not block a new one.
@@ -49,9 +79,8 @@ CREATE TABLE @extschema@.outbox_dead (
 COMMENT ON TABLE @extschema@.outbox_dead IS
     'Events that failed outbox.max_attempts publishes; outbox_redrive puts them back.';
 
--- pg_dump includes the events, the dead letters and the id sequence, so a restore loses
--- nothing and new ids do not collide with restored ones.
-SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox', '');
+-- pg_dump includes the dead letters and the id sequence (and, above, each partition's events),
+-- so a restore loses nothing and new ids do not collide with restored ones.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_dead', '');
 

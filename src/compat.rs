@@ -124,3 +124,22 @@ pub fn proc_exit(code: i32) -> ! {
     #[cfg(feature = "pg18")]
     unreachable!("proc_exit returned")
 }
+
+/// The partitions of a partitioned table, without those being detached (13 has no detaching
+/// partitions, and no parameter).
+///
+/// # Safety
+/// `rel` must be an open partitioned table.
+pub unsafe fn partition_desc(rel: pg_sys::Relation) -> pg_sys::PartitionDesc {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        #[cfg(feature = "pg13")]
+        {
+            pg_sys::RelationGetPartitionDesc(rel)
+        }
+        #[cfg(not(feature = "pg13"))]
+        {
+            pg_sys::RelationGetPartitionDesc(rel, true)
+        }
+    }
+}

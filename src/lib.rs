@@ -15,6 +15,7 @@ mod gucs;
 mod insert;
 mod redis_url;
 mod relay;
+mod ring;
 mod shmem;
 mod status;
 mod wake;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use pgrx::pg_sys;
 
 use crate::gucs::MAX_WORKERS;
+use crate::ring::LEAVES;
 
 /// `TimestampTz` value standing for SQL NULL in a slot.
 const NO_TIME: i64 = i64::MIN;
@@ -208,6 +209,11 @@ pub struct Shared {
     last_published_at: AtomicI64,
     /// Earliest time the next pruning round may start; claimed by compare-and-swap.
     next_prune_at: AtomicI64,
+    /// Earliest time the next look for partitions to empty may start, claimed likewise.
+    next_truncate_at: AtomicI64,
+    /// For each partition of the ring, when a batch with rows in it was last marked published
+    /// (at the latest the server's start): every row in it was published no later than that.
+    leaves_marked_at: [AtomicI64; LEAVES],
 }
 
 impl Shared {
@@ -216,6 +222,8 @@ impl Shared {
             slots: std::array::from_fn(|_| WorkerSlot::new()),
             last_published_at: AtomicI64::new(NO_TIME),
             next_prune_at: AtomicI64::new(0),
+            next_truncate_at: AtomicI64::new(0),
+            leaves_marked_at: std::array::from_fn(|_| AtomicI64::new(0)),
         }
     }
 
@@ -242,14 +250,27 @@ impl Shared {
     /// Claims the next pruning round for the caller if none has started within `every` of
     /// `now`: at most one worker wins each turn.
     pub fn claim_prune_turn(&self, now: i64, every: Duration) -> bool {
-        let due = self.next_prune_at.load(Ordering::Relaxed);
-        if now < due {
-            return false;
+        claim_turn(&self.next_prune_at, now, every)
+    }
+
+    /// Claims the next look for partitions to empty, as [`Shared::claim_prune_turn`] does.
+    pub fn claim_truncate_turn(&self, now: i64, every: Duration) -> bool {
+        claim_turn(&self.next_truncate_at, now, every)
+    }
+
+    /// Records that a batch with rows in the partitions of bitmask `leaves` was marked
+    /// published, in a transaction that committed before `at`.
+    pub fn record_marked(&self, leaves: u32, at: i64) {
+        for (leaf, marked_at) in self.leaves_marked_at.iter().enumerate() {
+            if leaves & (1 << leaf) != 0 {
+                marked_at.fetch_max(at, Ordering::Relaxed);
+            }
         }
-        let next = now.saturating_add(every.as_micros().min(i64::MAX as u128) as i64);
-        self.next_prune_at
-            .compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
+    }
+
+    /// When rows of partition `leaf` were last marked published (see `leaves_marked_at`).
+    pub fn leaf_marked_at(&self, leaf: usize) -> i64 {
+        self.leaves_marked_at[leaf].load(Ordering::Relaxed)
     }
 
     /// Sets every running worker's latch.
@@ -258,6 +279,19 @@ impl Shared {
             slot.wake();
         }
     }
+}
+
+/// Claims the turn `next_at` stands for if it is due at `now`, and puts the next one `every`
+/// later; at most one caller wins each turn.
+fn claim_turn(next_at: &AtomicI64, now: i64, every: Duration) -> bool {
+    let due = next_at.load(Ordering::Relaxed);
+    if now < due {
+        return false;
+    }
+    let next = now.saturating_add(every.as_micros().min(i64::MAX as u128) as i64);
+    next_at
+        .compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
 }
 
 /// The area in this process's address space, set by the startup hook.
@@ -306,6 +340,8 @@ unsafe extern "C-unwind" fn startup_shmem() {
         .cast::<Shared>();
         if !found {
             area.write(Shared::new());
+            // Rows published before the server started were published before now.
+            (*area).record_marked(u32::MAX, pg_sys::GetCurrentTimestamp());
         }
         SHARED.store(area, Ordering::Release);
         pg_sys::LWLockRelease(lock);
@@ -351,6 +387,27 @@ mod tests {
         );
         assert!(!shared.claim_prune_turn(1_000 + 59_999_999, minute));
         assert!(shared.claim_prune_turn(1_000 + 60_000_000, minute));
+    }
+
+    #[test]
+    fn marks_move_each_partition_forward_on_its_own() {
+        let shared = Shared::new();
+        shared.record_marked(u32::MAX, 5);
+        shared.record_marked(0b101, 30);
+        shared.record_marked(0b001, 20);
+        assert_eq!(shared.leaf_marked_at(0), 30);
+        assert_eq!(shared.leaf_marked_at(1), 5);
+        assert_eq!(shared.leaf_marked_at(2), 30);
+        assert_eq!(shared.leaf_marked_at(LEAVES - 1), 5);
+    }
+
+    #[test]
+    fn one_caller_wins_each_truncate_turn() {
+        let shared = Shared::new();
+        let every = Duration::from_micros(100);
+        assert!(shared.claim_truncate_turn(1_000, every));
+        assert!(!shared.claim_truncate_turn(1_050, every));
+        assert!(shared.claim_truncate_turn(1_100, every));
     }
 
     #[test]

@@ -40,8 +40,10 @@ fn pruning_keeps_pending_rows_and_the_table_flat() {
     poison(&redis, "stuck");
     let stuck: i64 = one(&mut client, "SELECT outbox_enqueue('stuck', '{}')");
 
+    // All of it in the partition being written, which the ring does not empty: the rows go by
+    // deletes once past the retention and its grace (10 s here), and vacuum reclaims them.
     let mut sizes = Vec::new();
-    for round in 0..10 {
+    for round in 0..6 {
         enqueue_many(&mut client, "churn", 2_000);
         assert!(
             wait_until(Duration::from_secs(30), || {
@@ -52,19 +54,24 @@ fn pruning_keeps_pending_rows_and_the_table_flat() {
             }),
             "round {round}: published rows were not pruned"
         );
-        sizes.push(one::<i64>(&mut client, "SELECT pg_relation_size('outbox')"));
+        sizes.push(one::<i64>(
+            &mut client,
+            "SELECT sum(pg_relation_size(inhrelid))::bigint FROM pg_inherits \
+             WHERE inhparent = 'outbox'::regclass",
+        ));
     }
     eprintln!("outbox heap size after each round (bytes): {sizes:?}");
     assert_eq!(
         redis.xlen("churn"),
-        20_000,
+        12_000,
         "every event was published before being pruned"
     );
-    let early = *sizes[..3].iter().max().unwrap();
+    let early = *sizes[..2].iter().max().unwrap();
+    assert!(early > 0, "the partitions' sizes were not read: {sizes:?}");
     assert!(
-        sizes[9] <= 2 * early,
-        "the table grew from {early} to {} bytes over ten rounds: {sizes:?}",
-        sizes[9]
+        sizes[5] <= 2 * early,
+        "the table grew from {early} to {} bytes over six rounds: {sizes:?}",
+        sizes[5]
     );
     let still: i64 = client
         .query_one("SELECT count(*) FROM outbox WHERE id = $1", &[&stuck])

@@ -111,3 +111,117 @@ fn an_upgrade_from_0_1_0_publishes_waiting_events_and_matches_a_fresh_install() 
         );
     }
 }
+
+/// A populated 0.1.0 table moves into the ring: every row keeps its id, columns and partition
+/// by run, grants on the table are kept, the sequence goes on where it stood, the relay
+/// publishes what was pending, and the upgraded database dumps and restores.
+#[test]
+fn an_upgrade_moves_a_populated_table_into_the_ring() {
+    const CHUNK: i64 = 1 << 16;
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.connect();
+    client
+        .batch_execute(
+            "CREATE EXTENSION outbox VERSION '0.1.0';
+             CREATE ROLE reader;
+             GRANT SELECT ON outbox TO reader;
+             SELECT count(outbox_enqueue('moved', jsonb_build_object('n', g)))
+             FROM generate_series(1, 150000) g;
+             UPDATE outbox SET published_at = created_at, attempts = 1 WHERE id <= 149000;",
+        )
+        .unwrap();
+    let fingerprint = "SELECT count(*), sum(id)::bigint, count(published_at), \
+                       sum(attempts)::bigint, sum((payload->>'n')::bigint)::bigint, \
+                       min(created_at)::text FROM outbox";
+    let row = client.query_one(fingerprint, &[]).unwrap();
+    let before: (i64, i64, i64, i64, i64, String) = (
+        row.get(0),
+        row.get(1),
+        row.get(2),
+        row.get(3),
+        row.get(4),
+        row.get(5),
+    );
+    assert_eq!(before.0, 150_000);
+
+    client
+        .batch_execute("ALTER EXTENSION outbox UPDATE")
+        .unwrap();
+    let row = client.query_one(fingerprint, &[]).unwrap();
+    let after: (i64, i64, i64, i64, i64, String) = (
+        row.get(0),
+        row.get(1),
+        row.get(2),
+        row.get(3),
+        row.get(4),
+        row.get(5),
+    );
+    assert_eq!(after, before, "the rows changed on the way");
+    let misplaced: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox \
+             WHERE tableoid::regclass::text <> 'outbox_' || lpad(((id / $1) % 16)::text, 2, '0')",
+            &[&CHUNK],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(misplaced, 0);
+    let runs: Vec<String> = client
+        .query(
+            "SELECT DISTINCT tableoid::regclass::text FROM outbox ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(runs, ["outbox_00", "outbox_01", "outbox_02"]);
+    let granted: bool = client
+        .query_one(
+            "SELECT has_table_privilege('reader', 'outbox', 'SELECT')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(granted, "the grant on the table was lost");
+    let next: i64 = client
+        .query_one("SELECT outbox_enqueue('moved', '{}')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(next, 150_001);
+
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "the pending events were not published after the update"
+    );
+    let published = redis.ids("moved");
+    assert_eq!(
+        published,
+        (149_001..=150_001).collect::<Vec<i64>>(),
+        "published other than the pending events"
+    );
+
+    let dump = pg.dir.join("upgraded.sql");
+    pg.client_program("pg_dump", &["-d", "postgres", "-f", dump.to_str().unwrap()]);
+    client.batch_execute("CREATE DATABASE restored").unwrap();
+    pg.client_program(
+        "psql",
+        &[
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            "restored",
+            "-f",
+            dump.to_str().unwrap(),
+        ],
+    );
+    let restored: i64 = pg
+        .connect_to("restored")
+        .query_one("SELECT count(*) FROM outbox", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(restored, 150_001);
+}

@@ -15,6 +15,13 @@
 //! an index (DDL, `ANALYZE`, `DROP EXTENSION`) makes the next call build them again, so they are
 //! exactly as fresh as the relcache entries they come from.
 //!
+//! The table is partitioned (a ring of partitions by runs of ids, see `ring.rs`). The fast path
+//! takes the id first and routes the row itself: the partition for the id is the one hash
+//! partitioning would pick, and only it is opened and locked, as `INSERT`'s tuple routing does.
+//! Each partition's indexes are built the first time a row goes to it. A table of the layout
+//! before 0.3.0 (not partitioned) still takes the fast path; one partitioned otherwise takes
+//! the plain `INSERT`.
+//!
 //! The fast path fills the columns itself, so it is taken only while the table has the shape
 //! `sql/outbox.sql` gives it: the same columns and types, and defaults only on `id` (the
 //! sequence), `created_at` (`now()`) and `attempts` (0). A table changed by hand (a column's
@@ -31,6 +38,7 @@ use pgrx::PgBox;
 
 use crate::backend::{self, BackendLocal};
 use crate::compat;
+use crate::ring::{self, LEAVES};
 
 mod indexes;
 mod shape;
@@ -87,6 +95,57 @@ impl Columns {
     }
 }
 
+/// A relation rows are inserted into: the table itself, or one of its partitions.
+struct Leaf {
+    oid: pg_sys::Oid,
+    columns: Columns,
+    /// Each index with its `IndexInfo`, or `None` when an index is not a btree on plain columns
+    /// without an exclusion constraint: such indexes keep state that must not outlive a call,
+    /// so `ExecOpenIndices` builds them per call.
+    indexes: Option<Vec<(pg_sys::Oid, *mut pg_sys::IndexInfo)>>,
+}
+
+impl Leaf {
+    /// Reads what an insert into `rel` needs; the `IndexInfo`s go in `context`.
+    ///
+    /// # Safety
+    /// `rel` must be open; `context` must outlive the leaf.
+    unsafe fn build(rel: pg_sys::Relation, context: pg_sys::MemoryContext) -> Leaf {
+        // SAFETY: reads of an open relation, allocations in the caller's context.
+        unsafe {
+            let attributes = compat::attributes((*rel).rd_att);
+            Leaf {
+                oid: (*rel).rd_id,
+                columns: Columns::find(attributes.iter().map(|a| {
+                    (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes())
+                })),
+                indexes: indexes::build_indexes(rel, context),
+            }
+        }
+    }
+
+    fn watches(&self, relid: pg_sys::Oid) -> bool {
+        relid == self.oid
+            || self
+                .indexes
+                .iter()
+                .flatten()
+                .any(|(index, _)| *index == relid)
+    }
+}
+
+/// Where rows go.
+enum Layout {
+    /// Into the table itself (the layout before 0.3.0).
+    Table(Leaf),
+    /// Into the ring's partitions: their OIDs by leaf number, and each one's insert state once
+    /// a row went to it.
+    Ring {
+        oids: [pg_sys::Oid; LEAVES],
+        built: RefCell<[Option<Rc<Leaf>>; LEAVES]>,
+    },
+}
+
 /// What one schema's `outbox` table needs for an insert, built once and shared by the calls
 /// that run while it is valid.
 struct Target {
@@ -94,14 +153,9 @@ struct Target {
     generation: u64,
     table: pg_sys::Oid,
     sequence: pg_sys::Oid,
-    columns: Columns,
-    id: usize,
     /// Whether the table has the shape the fast path fills (see the module comment).
     plain: bool,
-    /// Each index with its `IndexInfo`, or `None` when an index is not a btree on plain columns
-    /// without an exclusion constraint: such indexes keep state that must not outlive a call,
-    /// so `ExecOpenIndices` builds them per call.
-    indexes: Option<Vec<(pg_sys::Oid, *mut pg_sys::IndexInfo)>>,
+    layout: Layout,
     /// Holds the `IndexInfo`s; deleted when the last call using this target lets go of it.
     context: pg_sys::MemoryContext,
 }
@@ -110,11 +164,16 @@ impl Target {
     fn watches(&self, relid: pg_sys::Oid) -> bool {
         relid == self.table
             || relid == self.sequence
-            || self
-                .indexes
-                .iter()
-                .flatten()
-                .any(|(index, _)| *index == relid)
+            || match &self.layout {
+                Layout::Table(leaf) => leaf.watches(relid),
+                Layout::Ring { oids, built } => {
+                    oids.contains(&relid)
+                        || match built.try_borrow() {
+                            Ok(built) => built.iter().flatten().any(|leaf| leaf.watches(relid)),
+                            Err(_) => true,
+                        }
+                }
+            }
     }
 }
 
@@ -170,10 +229,25 @@ pub unsafe fn insert_event(
             pg_sys::aclcheck_error(acl, pg_sys::ObjectType::OBJECT_TABLE, c"outbox".as_ptr());
         }
 
+        let id = nextval(target.sequence);
+        let (leaf, rel) = match &target.layout {
+            Layout::Table(_) => (None, rel),
+            Layout::Ring { .. } => {
+                let (leaf, leaf_rel) = open_leaf(&target, ring::leaf_of(id), lockmode);
+                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                (Some(leaf), leaf_rel)
+            }
+        };
+        let leaf: &Leaf = match (&leaf, &target.layout) {
+            (Some(leaf), _) => leaf,
+            (None, Layout::Table(leaf)) => leaf,
+            (None, Layout::Ring { .. }) => unreachable!("a ring's row always has a partition"),
+        };
+
         let estate = pg_sys::CreateExecutorState();
         let mut rte = PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry);
         rte.rtekind = pg_sys::RTEKind::RTE_RELATION;
-        rte.relid = target.table;
+        rte.relid = leaf.oid;
         rte.relkind = pg_sys::RELKIND_RELATION as std::ffi::c_char;
         rte.rellockmode = lockmode;
         compat::init_range_table(estate, rte.into_pg());
@@ -193,14 +267,14 @@ pub unsafe fn insert_event(
         let values = std::slice::from_raw_parts_mut((*slot).tts_values, natts);
         let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
         nulls.fill(true);
-        let columns = target.columns;
+        let columns = leaf.columns;
         let mut set = |at: Option<usize>, value: pg_sys::Datum| {
             if let Some(at) = at {
                 values[at] = value;
                 nulls[at] = false;
             }
         };
-        set(columns.id, nextval(target.sequence).into());
+        set(columns.id, id.into());
         set(columns.topic, topic);
         set(columns.payload, payload);
         set(
@@ -210,16 +284,19 @@ pub unsafe fn insert_event(
         set(columns.attempts, pg_sys::Datum::from(0_i32));
         pg_sys::ExecStoreVirtualTuple(slot);
 
-        match &target.indexes {
+        match &leaf.indexes {
             Some(cached) => indexes::open_indexes(result_rel, cached),
             None => pg_sys::ExecOpenIndices(result_rel, false),
         }
         pg_sys::ExecSimpleRelationInsert(result_rel, estate, slot);
-        indexes::close_indexes(result_rel, target.indexes.is_some());
+        indexes::close_indexes(result_rel, leaf.indexes.is_some());
         pg_sys::AfterTriggerEndQuery(estate);
         // A BEFORE trigger may have changed the row, or skipped it.
         let inserted = (*slot).tts_tid.ip_posid != 0;
-        let id = std::slice::from_raw_parts((*slot).tts_values, natts)[target.id].value() as i64;
+        let id = match columns.id {
+            Some(at) => std::slice::from_raw_parts((*slot).tts_values, natts)[at].value() as i64,
+            None => id,
+        };
         pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
         pg_sys::FreeExecutorState(estate);
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
@@ -275,12 +352,7 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
         let rel = pg_sys::table_open(table, lockmode);
         // Invalidations read from here on make the next call build again.
         let generation = GENERATION.get().get();
-        let attributes = compat::attributes((*rel).rd_att);
-        let columns = Columns::find(attributes.iter().map(|a| {
-            (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes())
-        }));
         let plain = shape::has_plain_shape(rel, sequence);
-        let id = columns.id.unwrap_or_default();
         let context = pg_sys::AllocSetContextCreateInternal(
             pg_sys::CacheMemoryContext,
             c"outbox_enqueue".as_ptr(),
@@ -294,17 +366,95 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
             generation,
             table,
             sequence,
-            columns,
-            id,
             plain,
-            indexes: None,
+            layout: Layout::Table(Leaf {
+                oid: table,
+                columns: Columns::default(),
+                indexes: None,
+            }),
             context,
         };
-        target.indexes = indexes::build_indexes(rel, context);
+        let relkind = (*(*rel).rd_rel).relkind as u8;
+        if relkind == pg_sys::RELKIND_RELATION {
+            target.layout = Layout::Table(Leaf::build(rel, context));
+        } else if let Some(oids) = ring_partitions(rel) {
+            target.layout = Layout::Ring {
+                oids,
+                built: RefCell::new(Default::default()),
+            };
+        } else {
+            // Partitioned some other way: PostgreSQL's own routing, through an INSERT.
+            target.plain = false;
+        }
         let target = Rc::new(target);
         // The replaced target's context goes when the last call still using it returns.
         drop(TARGET.get().replace(Some(target.clone())));
         (target, rel)
+    }
+}
+
+/// The ring's partitions by leaf number, if `rel` is partitioned as `sql/outbox.sql` does it:
+/// by hash, into `LEAVES` partitions of one modulus.
+///
+/// # Safety
+/// `rel` must be open.
+unsafe fn ring_partitions(rel: pg_sys::Relation) -> Option<[pg_sys::Oid; LEAVES]> {
+    // SAFETY: reads of an open partitioned table's partition descriptor.
+    unsafe {
+        if (*(*rel).rd_rel).relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
+            return None;
+        }
+        let desc = compat::partition_desc(rel);
+        if desc.is_null() || (*desc).boundinfo.is_null() {
+            return None;
+        }
+        let bounds = (*desc).boundinfo;
+        // PARTITION_STRATEGY_HASH, a #define before 16 and an enum after.
+        if (*bounds).strategy as u8 != b'h'
+            || pg_sys::get_hash_partition_greatest_modulus(bounds) != LEAVES as i32
+            || (*desc).nparts != LEAVES as i32
+        {
+            return None;
+        }
+        let mut oids = [pg_sys::InvalidOid; LEAVES];
+        for (remainder, oid) in oids.iter_mut().enumerate() {
+            let part = *(*bounds).indexes.add(remainder);
+            if part < 0 || part >= (*desc).nparts || !*(*desc).is_leaf.add(part as usize) {
+                return None;
+            }
+            *oid = *(*desc).oids.add(part as usize);
+        }
+        Some(oids)
+    }
+}
+
+/// Opens partition `leaf` of a ring under `lockmode`, with its insert state.
+///
+/// # Safety
+/// Must run inside a transaction, on the backend's thread; `target` must be a ring's.
+unsafe fn open_leaf(
+    target: &Target,
+    leaf: usize,
+    lockmode: pg_sys::LOCKMODE,
+) -> (Rc<Leaf>, pg_sys::Relation) {
+    let Layout::Ring { oids, built } = &target.layout else {
+        unreachable!("open_leaf is for rings")
+    };
+    // SAFETY: relcache calls inside the caller's transaction.
+    unsafe {
+        let before = GENERATION.get().get();
+        let rel = pg_sys::table_open(oids[leaf], lockmode);
+        let cached = built.borrow()[leaf].clone();
+        if let Some(cached) = cached {
+            // Taking the lock reads pending invalidations: if one came, build from the relcache
+            // entry just opened rather than trust the cached state.
+            if GENERATION.get().get() == before {
+                return (cached, rel);
+            }
+        }
+        let fresh = Rc::new(Leaf::build(rel, target.context));
+        built.borrow_mut()[leaf] = Some(fresh.clone());
+        (fresh, rel)
     }
 }
 

@@ -15,6 +15,7 @@ use super::publish::{Interrupted, Reply};
 use super::worker::{self, End};
 use super::{backoff, encode, retry, Pass, Relay};
 use crate::redis_url;
+use crate::ring;
 use crate::shmem::WorkerState;
 
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
@@ -31,6 +32,8 @@ fn chunk_size(batch_size: usize) -> usize {
 pub struct Batch {
     pub pass: Pass,
     pub published: u64,
+    /// The ring's partitions that hold the published events, as a bitmask.
+    pub leaves: u32,
     pub end: End,
 }
 
@@ -39,6 +42,7 @@ impl Batch {
         Batch {
             pass,
             published: 0,
+            leaves: 0,
             end: End::Commit,
         }
     }
@@ -108,6 +112,10 @@ impl Relay {
                 );
                 self.slot.set_error(None, worker::now());
             }
+            // Failed ones included: a later time than their rows' marks only delays emptying.
+            batch.leaves |= sent
+                .iter()
+                .fold(0, |leaves, (id, _, _)| leaves | 1 << ring::leaf_of(*id));
             let failures: Vec<Failure> = sent
                 .into_iter()
                 .zip(results)

@@ -20,6 +20,7 @@ pub mod publish;
 mod retry;
 mod session;
 mod settings;
+mod truncate;
 mod worker;
 
 use std::time::{Duration, Instant};
@@ -134,7 +135,9 @@ impl Relay {
             if let (Some(retention), Some(_)) =
                 (self.settings.retention, self.extension.statements())
             {
-                prune::prune_if_due(self.shared, retention, self.extension.schema(), self.index);
+                let schema = self.extension.schema();
+                truncate::truncate_if_due(self.shared, retention, schema, self.index);
+                prune::prune_if_due(self.shared, retention, schema, self.index);
             }
             match pass {
                 Pass::Full => {}
@@ -199,6 +202,11 @@ impl Relay {
         self.pacing.pass_started(Instant::now());
         let (pass, published, end) = in_transaction(|| {
             let batch = self.relay_batch();
+            if batch.end == End::Commit && batch.leaves != 0 {
+                // Before the commit that releases the rows' locks: whoever empties a partition
+                // takes its lock first, and then reads a time no earlier than its rows' marks.
+                self.shared.record_marked(batch.leaves, worker::now());
+            }
             ((batch.pass, batch.published, batch.end), batch.end)
         });
         self.publisher.transaction_ended(end == End::Commit);

@@ -1,0 +1,246 @@
+//! The table's storage: a ring of partitions that the relay empties with `TRUNCATE` once their
+//! rows are published and past `outbox.retention`, so that pruning leaves no dead row versions.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{enqueue_many, wait_until, Pg, Redis};
+use postgres::Client;
+
+/// Ids in one run of the ring (`src/ring.rs`).
+const CHUNK: i64 = 1 << 16;
+
+fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
+    client.query_one(sql, &[]).unwrap().get(0)
+}
+
+/// Rows, size on disk, file and deletes counted so far of one partition.
+#[derive(Debug, PartialEq)]
+struct Partition {
+    rows: i64,
+    bytes: i64,
+    filenode: u32,
+    deleted: i64,
+}
+
+fn partition(client: &mut Client, name: &str) -> Partition {
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM {name}), pg_relation_size('{name}'), \
+                        (SELECT relfilenode FROM pg_class WHERE oid = '{name}'::regclass), \
+                        coalesce(pg_stat_get_tuples_deleted('{name}'::regclass), 0) \
+                        + coalesce(pg_stat_get_xact_tuples_deleted('{name}'::regclass), 0)"
+            ),
+            &[],
+        )
+        .unwrap();
+    Partition {
+        rows: row.get(0),
+        bytes: row.get(1),
+        filenode: row.get::<_, postgres::types::Oid>(2),
+        deleted: row.get(3),
+    }
+}
+
+/// Moves the id sequence to the start of run `run`, so that writers fill another partition.
+fn start_run(client: &mut Client, run: i64) {
+    client
+        .execute(
+            "SELECT setval('outbox_id_seq', $1, false)",
+            &[&(run * CHUNK)],
+        )
+        .unwrap();
+}
+
+/// Rows enqueued by `outbox_enqueue` and by a plain `INSERT` land where hash partitioning puts
+/// them: runs of 65,536 ids go round the 16 partitions, negative ids included.
+#[test]
+fn rows_go_round_the_ring_in_runs_of_ids() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    let mut client = pg.with_extension();
+    let cases = [
+        (1_i64, "outbox_00"),
+        (CHUNK - 1, "outbox_00"),
+        (CHUNK, "outbox_01"),
+        (15 * CHUNK + 9, "outbox_15"),
+        (16 * CHUNK, "outbox_00"),
+        (1_000_000_007, "outbox_10"),
+    ];
+    for (id, expected) in cases {
+        client
+            .execute("SELECT setval('outbox_id_seq', $1, false)", &[&id])
+            .unwrap();
+        let enqueued: i64 = one(&mut client, "SELECT outbox_enqueue('ring', '{}')");
+        assert_eq!(enqueued, id);
+        // 32 runs on, the same partition again.
+        let inserted = id + 32 * CHUNK;
+        client
+            .execute(
+                "INSERT INTO outbox (id, topic, payload) VALUES ($1, 'ring', '{}')",
+                &[&inserted],
+            )
+            .unwrap();
+        for id in [enqueued, inserted] {
+            let leaf: String = client
+                .query_one(
+                    "SELECT tableoid::regclass::text FROM outbox WHERE id = $1",
+                    &[&id],
+                )
+                .unwrap()
+                .get(0);
+            assert_eq!(leaf, expected, "id {id}");
+        }
+    }
+    client
+        .execute(
+            "INSERT INTO outbox (id, topic, payload) VALUES (-1, 'ring', '{}')",
+            &[],
+        )
+        .unwrap();
+    let leaf: String = one(
+        &mut client,
+        "SELECT tableoid::regclass::text FROM outbox WHERE id = -1",
+    );
+    assert_eq!(leaf, "outbox_15");
+    let key: String = one(
+        &mut client,
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
+         WHERE conrelid = 'outbox'::regclass AND contype = 'p'",
+    );
+    assert_eq!(key, "PRIMARY KEY (id)");
+}
+
+/// Published rows past the retention go with their partition: it is emptied by `TRUNCATE`
+/// (a new file, no row deleted), while the partition writers fill keeps its rows.
+#[test]
+fn an_expired_partition_is_emptied_without_deleting_rows() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.retention", "1s"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    start_run(&mut client, 1);
+    enqueue_many(&mut client, "old", 500);
+    start_run(&mut client, 2);
+    enqueue_many(&mut client, "new", 5);
+    assert!(
+        wait_until(Duration::from_secs(15), || redis.xlen("old") == 500
+            && redis.xlen("new") == 5),
+        "events not published"
+    );
+    let before = partition(&mut client, "outbox_01");
+    assert_eq!(before.rows, 500);
+    assert!(
+        wait_until(Duration::from_secs(15), || partition(
+            &mut client,
+            "outbox_01"
+        )
+        .rows
+            == 0),
+        "the expired partition kept its rows: {:?}",
+        partition(&mut client, "outbox_01")
+    );
+    let after = partition(&mut client, "outbox_01");
+    assert_eq!(after.bytes, 0, "space not given back");
+    assert_ne!(after.filenode, before.filenode, "not emptied by TRUNCATE");
+    assert_eq!(after.deleted, 0, "rows were deleted one by one");
+    // The partition being written keeps its rows, published ones included, however old.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(partition(&mut client, "outbox_02").rows, 5);
+}
+
+/// A partition holding an event Redis has not taken is not emptied, however old its other rows
+/// are; once the event is published and its retention is over, it is.
+#[test]
+fn a_partition_with_an_unpublished_event_is_kept() {
+    let mut redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.retention", "1s"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    start_run(&mut client, 1);
+    enqueue_many(&mut client, "kept", 3);
+    assert!(wait_until(Duration::from_secs(15), || redis.xlen("kept") == 3));
+    redis.stop();
+    enqueue_many(&mut client, "kept", 1);
+    start_run(&mut client, 2);
+    enqueue_many(&mut client, "later", 1);
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(partition(&mut client, "outbox_01").rows, 4);
+    assert_eq!(pg.pending(), 2);
+
+    redis.start_again();
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "not published after Redis came back"
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || partition(
+            &mut client,
+            "outbox_01"
+        )
+        .rows
+            == 0),
+        "the partition was not emptied once its last event was published"
+    );
+}
+
+/// The relay never waits for a lock to empty a partition: while a reader holds one, the
+/// partition stays, and writers and the relay go on; once the reader is done, it is emptied.
+#[test]
+fn a_partition_in_use_is_left_until_it_is_free() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.retention", "1s"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    start_run(&mut client, 1);
+    enqueue_many(&mut client, "held", 10);
+    start_run(&mut client, 2);
+    assert!(wait_until(Duration::from_secs(15), || redis.xlen("held") == 10));
+
+    let mut reader = pg.connect();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let mut writer = pg.connect();
+    for round in 1..=5_i64 {
+        enqueue_many(&mut writer, "meanwhile", 20);
+        assert!(
+            wait_until(Duration::from_secs(10), || redis.xlen("meanwhile")
+                == (round * 20) as usize),
+            "relaying stalled while a partition was held"
+        );
+    }
+    assert_eq!(partition(&mut client, "outbox_01").rows, 10);
+    let waiting: i64 = one(
+        &mut client,
+        "SELECT count(*) FROM pg_locks WHERE NOT granted",
+    );
+    assert_eq!(waiting, 0, "someone waits for a lock");
+    reader.batch_execute("COMMIT").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(15), || partition(
+            &mut client,
+            "outbox_01"
+        )
+        .rows
+            == 0),
+        "not emptied after the reader finished"
+    );
+}
