@@ -12,6 +12,23 @@ ALTER TABLE @extschema@.outbox_before_0_3_0 RENAME CONSTRAINT outbox_pkey TO out
 ALTER INDEX @extschema@.outbox_unpublished RENAME TO outbox_before_0_3_0_unpublished;
 ALTER INDEX @extschema@.outbox_retrying RENAME TO outbox_before_0_3_0_retrying;
 ALTER SEQUENCE @extschema@.outbox_id_seq OWNED BY NONE;
+-- From PostgreSQL 18 on, NOT NULL constraints have names (outbox_id_not_null, ...): they move
+-- aside too, so that the new table's get the names a fresh install gives them.
+DO $$
+DECLARE
+    old_name name;
+BEGIN
+    FOR old_name IN
+        SELECT conname FROM pg_catalog.pg_constraint
+        WHERE conrelid OPERATOR(pg_catalog.=) '@extschema@.outbox_before_0_3_0'::regclass
+          AND contype OPERATOR(pg_catalog.=) 'n'
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER TABLE @extschema@.outbox_before_0_3_0 RENAME CONSTRAINT %I TO %I',
+            old_name, 'before_0_3_0_' || old_name);
+    END LOOP;
+END
+$$;
 
 CREATE FUNCTION @extschema@._outbox_id_hash(bigint) RETURNS int
     LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE

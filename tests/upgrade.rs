@@ -131,7 +131,10 @@ fn an_upgrade_moves_a_populated_table_into_the_ring() {
              UPDATE outbox SET published_at = created_at, attempts = 1 WHERE id <= 149000;",
         )
         .unwrap();
-    let fingerprint = "SELECT count(*), sum(id)::bigint, count(published_at), \
+    // The relay publishes the pending rows as soon as the update commits: the fingerprint
+    // counts only the rows published before it.
+    let fingerprint = "SELECT count(*), sum(id)::bigint, \
+                       count(published_at) FILTER (WHERE id <= 149000), \
                        sum(attempts)::bigint, sum((payload->>'n')::bigint)::bigint, \
                        min(created_at)::text FROM outbox";
     let row = client.query_one(fingerprint, &[]).unwrap();
