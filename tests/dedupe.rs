@@ -37,8 +37,9 @@ fn markers(redis: &Redis) -> usize {
 }
 
 /// Commits `n` events on `stream` and kills the worker with SIGKILL after it has published the
-/// first batch and before it could mark it: a SHARE lock, queued behind the committing writer,
-/// holds back the mark (ROW EXCLUSIVE) but not the claim (ROW SHARE). `before_kill` looks at
+/// first batch and before it could mark it: a SHARE lock on the events' partitions, queued
+/// behind the committing writer, holds back the mark (ROW EXCLUSIVE) but not the claim (ROW
+/// SHARE). `before_kill` looks at
 /// that moment. Returns the ids.
 fn kill_between_publish_and_mark(
     pg: &Pg,
@@ -65,10 +66,18 @@ fn kill_between_publish_and_mark(
     let ids = enqueue_many(&mut writer, stream, n);
     let (release, released) = std::sync::mpsc::channel::<()>();
     let port = pg.port;
+    // The partitions that hold the events (runs of 65,536 ids go round 16 of them): the relay
+    // marks each partition's rows through the partition.
+    let mut partitions: Vec<String> = ids
+        .iter()
+        .map(|id| format!("outbox_{:02}", (id / 65_536) % 16))
+        .collect();
+    partitions.dedup();
+    let lock = format!("BEGIN; LOCK TABLE {} IN SHARE MODE", partitions.join(", "));
     let locker = std::thread::spawn(move || {
         let conninfo = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
         let mut client = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
-        let _ = client.batch_execute("BEGIN; LOCK TABLE outbox IN SHARE MODE");
+        let _ = client.batch_execute(&lock);
         let _ = released.recv();
     });
     assert!(wait_until(Duration::from_secs(10), || {

@@ -14,6 +14,7 @@ use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
 use pgrx::{PgOid, PgTryBuilder};
 
 use super::encode::{ascii_safe, Event};
+use crate::ring::{self, LEAVES};
 
 /// The schema the extension with oid `oid` lives in, and its installed version.
 pub fn extension_schema(oid: pg_sys::Oid) -> Option<(String, String)> {
@@ -63,7 +64,9 @@ pub struct Statements {
     pub extension: pg_sys::Oid,
     claim_fresh: OwnedPreparedStatement,
     claim_due: OwnedPreparedStatement,
-    mark: OwnedPreparedStatement,
+    /// One per partition of the ring: a mark through the partitioned table would look for
+    /// every id in every partition (hash partitions are not pruned for `= ANY` of a parameter).
+    mark: Vec<OwnedPreparedStatement>,
     fail: OwnedPreparedStatement,
     bury: OwnedPreparedStatement,
 }
@@ -107,13 +110,18 @@ impl Statements {
                 ),
                 &[pg_sys::INT8OID],
             ),
-            mark: prepare(
-                &format!(
-                    "UPDATE {s}.outbox SET published_at = pg_catalog.now() \
-                     WHERE id OPERATOR(pg_catalog.=) ANY ($1)"
-                ),
-                &[pg_sys::INT8ARRAYOID],
-            ),
+            mark: (0..LEAVES)
+                .map(|leaf| {
+                    let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
+                    prepare(
+                        &format!(
+                            "UPDATE {s}.{partition} SET published_at = pg_catalog.now() \
+                             WHERE id OPERATOR(pg_catalog.=) ANY ($1)"
+                        ),
+                        &[pg_sys::INT8ARRAYOID],
+                    )
+                })
+                .collect(),
             fail: prepare(
                 &format!(
                     "UPDATE {s}.outbox o \
@@ -172,11 +180,21 @@ impl Statements {
         claimed
     }
 
+    /// Marks events published, each in its partition.
     pub fn mark_published(&self, ids: Vec<i64>) {
+        let mut by_leaf: [Vec<i64>; LEAVES] = Default::default();
+        for id in ids {
+            by_leaf[ring::leaf_of(id)].push(id);
+        }
         Spi::connect_mut(|client| {
-            client
-                .update(&self.mark, None, &[ids.into()])
-                .unwrap_or_else(|e| error!("outbox relay: marking published failed: {e}"));
+            for (leaf, ids) in by_leaf.into_iter().enumerate() {
+                if ids.is_empty() {
+                    continue;
+                }
+                client
+                    .update(&self.mark[leaf], None, &[ids.into()])
+                    .unwrap_or_else(|e| error!("outbox relay: marking published failed: {e}"));
+            }
         });
     }
 
