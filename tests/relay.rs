@@ -633,3 +633,38 @@ fn plans_made_on_a_small_table_never_scan_it_during_a_burst() {
         scans_after - scans_before
     );
 }
+
+/// A relay draining a backlog claims past the last batch it claimed; an event whose
+/// transaction took its id before the backlog's and commits in the middle of the drain sits
+/// below that point, and must still go out, once.
+#[test]
+fn a_late_commit_below_a_draining_backlog_is_published() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.batch_size", "100")]);
+    let mut late = pg.with_extension();
+    pg.wait_for_workers(1);
+    late.batch_execute("BEGIN").unwrap();
+    let late_id: i64 = late
+        .query_one("SELECT outbox_enqueue('late', '{}')", &[])
+        .unwrap()
+        .get(0);
+    let mut client = pg.connect();
+    let backlog = enqueue_many(&mut client, "backlog", 100_000);
+    assert!(backlog[0] > late_id);
+    assert!(
+        wait_until(Duration::from_secs(60), || redis.xlen("backlog") >= 5_000),
+        "the backlog did not start draining"
+    );
+    late.batch_execute("COMMIT").unwrap();
+    let drained_at_commit = redis.xlen("backlog");
+    assert!(
+        wait_until(Duration::from_secs(60), || redis.xlen("late") == 1
+            && redis.xlen("backlog") == 100_000),
+        "the late event was not published (backlog at {} of 100000)",
+        redis.xlen("backlog")
+    );
+    eprintln!("the late event committed with {drained_at_commit} of the backlog published");
+    assert_eq!(redis.ids("late"), [late_id]);
+    assert_eq!(redis.ids("backlog"), backlog);
+    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
+}

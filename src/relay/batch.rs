@@ -56,13 +56,21 @@ impl Relay {
         let Some(statements) = self.extension.find(self.index) else {
             return Batch::nothing(Pass::NoExtension);
         };
-        let mut next = statements.claim(chunk);
+        let mut next = statements.claim(chunk, self.claim_above.take());
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
+        // The highest id claimed so far: the next claim looks past it first.
+        let mut highest: Option<i64> = None;
         while next.len() > 0 {
             let got = next.len();
             claimed += got;
             let Claimed { events, unreadable } = next;
+            highest = events
+                .iter()
+                .map(|e| e.id)
+                .chain(unreadable.iter().map(|f| f.id))
+                .chain(highest)
+                .max();
             if !unreadable.is_empty() {
                 self.charge_failures(unreadable);
             }
@@ -73,7 +81,7 @@ impl Relay {
             if sent.is_empty() {
                 next = match self.extension.statements() {
                     Some(statements) if got == chunk && claimed < batch_size => {
-                        statements.claim(chunk.min(batch_size - claimed))
+                        statements.claim(chunk.min(batch_size - claimed), highest)
                     }
                     _ => Claimed::default(),
                 };
@@ -88,7 +96,7 @@ impl Relay {
             // Written while Redis works; undone by the rollback if Redis fails.
             statements.mark_published(sent.iter().map(|e| e.0).collect());
             next = if got == chunk && claimed < batch_size {
-                statements.claim(chunk.min(batch_size - claimed))
+                statements.claim(chunk.min(batch_size - claimed), highest)
             } else {
                 Claimed::default()
             };
@@ -138,6 +146,8 @@ impl Relay {
         }
         if claimed == batch_size {
             batch.pass = Pass::Full;
+            // A backlog: the next pass, if this one commits, claims past this one first.
+            self.claim_above = highest;
         }
         batch
     }

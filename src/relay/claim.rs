@@ -63,6 +63,9 @@ pub struct Charged {
 pub struct Statements {
     pub extension: pg_sys::Oid,
     claim_fresh: OwnedPreparedStatement,
+    /// The fresh claim above an id, and at or below one (see [`Statements::claim`]).
+    claim_fresh_above: OwnedPreparedStatement,
+    claim_fresh_upto: OwnedPreparedStatement,
     claim_due: OwnedPreparedStatement,
     /// One per partition of the ring: a mark through the partitioned table would look for
     /// every id in every partition (hash partitions are not pruned for `= ANY` of a parameter).
@@ -98,6 +101,24 @@ impl Statements {
                      ORDER BY o.id LIMIT $1 FOR UPDATE SKIP LOCKED"
                 ),
                 &[pg_sys::INT8OID],
+            ),
+            claim_fresh_above: prepare(
+                &format!(
+                    "SELECT {CLAIMED_COLUMNS} FROM {s}.outbox o \
+                     WHERE o.published_at IS NULL AND o.next_attempt_at IS NULL \
+                       AND o.id OPERATOR(pg_catalog.>) $2 \
+                     ORDER BY o.id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                ),
+                &[pg_sys::INT8OID, pg_sys::INT8OID],
+            ),
+            claim_fresh_upto: prepare(
+                &format!(
+                    "SELECT {CLAIMED_COLUMNS} FROM {s}.outbox o \
+                     WHERE o.published_at IS NULL AND o.next_attempt_at IS NULL \
+                       AND o.id OPERATOR(pg_catalog.<=) $2 \
+                     ORDER BY o.id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                ),
+                &[pg_sys::INT8OID, pg_sys::INT8OID],
             ),
             // Events whose retry delay is over, through the index of waiting events: however
             // many wait, only the due ones are read.
@@ -167,10 +188,29 @@ impl Statements {
 
     /// Claims up to `limit` events, skipping rows other workers hold: first those that never
     /// failed, in id order, then those whose retry is due. Returned in id order.
-    pub fn claim(&self, limit: usize) -> Claimed {
-        let mut claimed = run_claim(&self.claim_fresh, limit);
+    ///
+    /// With `above`, the fresh events are looked for past that id first, and at or below it
+    /// only if there are not enough past it. A relay draining a backlog claims past what it
+    /// claimed last: the index of unpublished rows keeps an entry for each row published since
+    /// vacuum last came (up to a run of 65,536 in the partition being written), and a claim from
+    /// the start steps over all of them. Rows below (a transaction that committed late, a
+    /// batch another worker rolled back) are claimed as soon as a claim finds too few above.
+    pub fn claim(&self, limit: usize, above: Option<i64>) -> Claimed {
+        let mut claimed = match above {
+            None => run_claim(&self.claim_fresh, limit, None),
+            Some(above) => {
+                let mut claimed = run_claim(&self.claim_fresh_above, limit, Some(above));
+                if claimed.len() < limit {
+                    let below =
+                        run_claim(&self.claim_fresh_upto, limit - claimed.len(), Some(above));
+                    claimed.events.splice(0..0, below.events);
+                    claimed.unreadable.extend(below.unreadable);
+                }
+                claimed
+            }
+        };
         if claimed.len() < limit {
-            let due = run_claim(&self.claim_due, limit - claimed.len());
+            let due = run_claim(&self.claim_due, limit - claimed.len(), None);
             if !due.events.is_empty() || !due.unreadable.is_empty() {
                 claimed.events.extend(due.events);
                 claimed.unreadable.extend(due.unreadable);
@@ -233,9 +273,10 @@ impl Statements {
     }
 }
 
-fn run_claim(statement: &OwnedPreparedStatement, limit: usize) -> Claimed {
+fn run_claim(statement: &OwnedPreparedStatement, limit: usize, id: Option<i64>) -> Claimed {
     Spi::connect_mut(|client| {
-        let args: [DatumWithOid; 1] = [(limit as i64).into()];
+        let mut args: Vec<DatumWithOid> = vec![(limit as i64).into()];
+        args.extend(id.map(DatumWithOid::from));
         let table = client
             .update(statement, None, &args)
             .unwrap_or_else(|e| error!("outbox relay: claim failed: {e}"));

@@ -92,6 +92,8 @@ struct Relay {
     extension: Extension,
     state: WorkerState,
     pacing: Pacing,
+    /// After a full pass that committed: the highest id it claimed (see `Statements::claim`).
+    claim_above: Option<i64>,
     backoff: Backoff,
     retries: RetrySchedule,
 }
@@ -120,6 +122,7 @@ impl Relay {
             extension: Extension::default(),
             state: WorkerState::Starting,
             pacing: Pacing::new(Instant::now()),
+            claim_above: None,
             backoff: Backoff::default(),
             retries: RetrySchedule::default(),
         }
