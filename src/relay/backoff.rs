@@ -32,39 +32,39 @@ impl Backoff {
     }
 }
 
-/// Passes that published fewer events than this are a trickle: the next one may start 1 ms later.
-pub const TRICKLE: u64 = 10;
-/// Least spacing of passes under a busy stream.
-pub const BUSY_MIN: Duration = Duration::from_millis(5);
-/// Most spacing of passes under a busy stream: the latency a busy stream's events may gain.
-pub const BUSY_MAX: Duration = Duration::from_millis(20);
+/// Least time between the starts of two passes woken by commits.
+pub const SPACING: Duration = Duration::from_millis(1);
+/// Most time between the starts of two passes woken by commits: what a commit may wait for the
+/// next pass to start, at most.
+pub const MAX_SPACING: Duration = Duration::from_millis(4);
+/// Passes take at most this share of the relay's time while commits keep coming, so that the
+/// relay leaves the CPU to the writers when they are the ones who need it.
+pub const BUSY_SHARE: u32 = 3;
 
 /// Least time between the starts of two passes woken by commits, given how many events the
-/// last pass published and how long after the pass before it that pass started.
+/// last pass published and how long it took.
 ///
-/// A pass that found nothing lets the next commit be published at once. A trickle (fewer than
-/// [`TRICKLE`] events) waits 1 ms: its commits are further apart than that, so it costs them no
-/// latency. Under a busy stream, every pass pays a transaction and a Redis round trip however
-/// few events it carries, and a commit-woken relay would otherwise pass far more often than a
-/// polled one, at a higher cost per event. So the next pass waits until, at the rate the last
-/// one saw, three quarters of a batch have committed, within [`BUSY_MIN`]..[`BUSY_MAX`]: most
-/// of a batch, but not all of it, since a full pass is followed at once by another, small one.
-pub fn pass_spacing(published: u64, since_previous: Duration, batch_size: usize) -> Duration {
+/// A pass that found nothing lets the next commit be published at once. Otherwise the next
+/// pass takes what committed while this one ran: it starts as soon as a commit wakes the relay,
+/// but no sooner than [`SPACING`] after this one started, so that a pass gathers at least a
+/// millisecond of commits instead of paying a transaction and a round trip per commit, and no
+/// sooner than [`BUSY_SHARE`] times its own length, so that on a loaded machine, where passes
+/// take longer, the relay takes no more than its share; within [`MAX_SPACING`]. Batches grow
+/// with the load by themselves, up to `outbox.batch_size`, after which passes follow each other
+/// at once.
+pub fn pass_spacing(published: u64, took: Duration) -> Duration {
     match published {
         0 => Duration::ZERO,
-        1..TRICKLE => Duration::from_millis(1),
-        _ => since_previous
-            .mul_f64(0.75 * batch_size as f64 / published as f64)
-            .clamp(BUSY_MIN, BUSY_MAX),
+        _ => took.saturating_mul(BUSY_SHARE).clamp(SPACING, MAX_SPACING),
     }
 }
 
-/// When the passes woken by commits began, and what the last one published.
+/// When the next pass may start, from when the last one started, how long it took and what it
+/// published.
 #[derive(Debug)]
 pub struct Pacing {
     last_started: Instant,
-    /// From the start of the pass before the last one to the start of the last one.
-    interval: Duration,
+    took: Duration,
     published: u64,
 }
 
@@ -72,23 +72,22 @@ impl Pacing {
     pub fn new(now: Instant) -> Pacing {
         Pacing {
             last_started: now,
-            interval: Duration::ZERO,
+            took: Duration::ZERO,
             published: 0,
         }
     }
 
     pub fn pass_started(&mut self, now: Instant) {
-        self.interval = now.saturating_duration_since(self.last_started);
         self.last_started = now;
     }
 
-    pub fn pass_published(&mut self, events: u64) {
+    pub fn pass_ended(&mut self, now: Instant, events: u64) {
+        self.took = now.saturating_duration_since(self.last_started);
         self.published = events;
     }
 
-    /// The earliest time the next pass woken by a commit may start (see [`pass_spacing`]).
-    pub fn next_pass_at(&self, batch_size: usize) -> Instant {
-        self.last_started + pass_spacing(self.published, self.interval, batch_size)
+    pub fn next_pass_at(&self) -> Instant {
+        self.last_started + pass_spacing(self.published, self.took)
     }
 }
 
@@ -126,21 +125,14 @@ mod tests {
     }
 
     #[test]
-    fn passes_are_spaced_by_how_busy_the_last_one_was() {
-        let ms = Duration::from_millis;
-        assert_eq!(pass_spacing(0, ms(3), 100), Duration::ZERO);
-        assert_eq!(pass_spacing(1, ms(3), 100), ms(1));
-        assert_eq!(pass_spacing(9, ms(3), 100), ms(1));
-        // 50 events in 10 ms: three quarters of a batch of 100 gather in 15 ms.
-        assert_eq!(pass_spacing(50, ms(10), 100), ms(15));
-        // Faster than a batch per 5 ms, or slower than one per 20 ms: the bounds.
-        assert_eq!(pass_spacing(100, ms(2), 100), BUSY_MIN);
-        assert_eq!(pass_spacing(10, ms(100), 100), BUSY_MAX);
-        assert_eq!(
-            pass_spacing(10, Duration::from_secs(3600), 10_000),
-            BUSY_MAX
-        );
-        assert_eq!(pass_spacing(u64::MAX, Duration::ZERO, 10_000), BUSY_MIN);
+    fn passes_are_spaced_by_their_length_within_bounds() {
+        let us = Duration::from_micros;
+        assert_eq!(pass_spacing(0, us(900)), Duration::ZERO);
+        assert_eq!(pass_spacing(1, us(100)), SPACING);
+        // A pass of 0.5 ms: the next one 1.5 ms after it started.
+        assert_eq!(pass_spacing(10, us(500)), us(1_500));
+        assert_eq!(pass_spacing(10, us(5_000)), MAX_SPACING);
+        assert_eq!(pass_spacing(u64::MAX, Duration::MAX), MAX_SPACING);
     }
 
     #[test]
@@ -149,11 +141,13 @@ mod tests {
         let ms = Duration::from_millis;
         let mut pacing = Pacing::new(start);
         pacing.pass_started(start + ms(10));
-        pacing.pass_published(50);
-        // 50 events in the 10 ms since the pass before: 75 gather in 15 ms.
-        assert_eq!(pacing.next_pass_at(100), start + ms(25));
+        pacing.pass_ended(start + ms(10) + Duration::from_micros(200), 50);
+        assert_eq!(pacing.next_pass_at(), start + ms(11));
+        pacing.pass_started(start + ms(20));
+        pacing.pass_ended(start + ms(22), 50);
+        assert_eq!(pacing.next_pass_at(), start + ms(24));
         pacing.pass_started(start + ms(30));
-        pacing.pass_published(0);
-        assert_eq!(pacing.next_pass_at(100), start + ms(30));
+        pacing.pass_ended(start + ms(31), 0);
+        assert_eq!(pacing.next_pass_at(), start + ms(30));
     }
 }

@@ -149,7 +149,7 @@ impl Relay {
                         self.retries
                             .wait(Instant::now(), self.settings.poll_interval),
                     );
-                    let next = self.pacing.next_pass_at(self.settings.batch_size);
+                    let next = self.pacing.next_pass_at();
                     let now = Instant::now();
                     if now < next {
                         std::thread::sleep(next - now);
@@ -213,7 +213,7 @@ impl Relay {
             ((batch.pass, batch.published, batch.end), batch.end)
         });
         self.publisher.transaction_ended(end == End::Commit);
-        self.pacing.pass_published(published);
+        self.pacing.pass_ended(Instant::now(), published);
         if published > 0 {
             let at = worker::now();
             self.slot.record_batch(published, at);
