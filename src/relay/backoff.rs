@@ -36,35 +36,38 @@ impl Backoff {
 pub const SPACING: Duration = Duration::from_millis(1);
 /// Most time between the starts of two passes woken by commits: what a commit may wait for the
 /// next pass to start, at most.
-pub const MAX_SPACING: Duration = Duration::from_millis(4);
-/// Passes take at most this share of the relay's time while commits keep coming, so that the
-/// relay leaves the CPU to the writers when they are the ones who need it.
-pub const BUSY_SHARE: u32 = 3;
+pub const MAX_SPACING: Duration = Duration::from_millis(8);
+/// Events per second for each millisecond between passes: the busier the stream, the longer
+/// the next pass waits (2 ms at 5,000 events/s, 4 ms at 10,000).
+pub const EVENTS_PER_SECOND_PER_MS: f64 = 2_500.0;
 
 /// Least time between the starts of two passes woken by commits, given how many events the
-/// last pass published and how long it took.
+/// last pass published and how long after the pass before it that pass started.
 ///
 /// A pass that found nothing lets the next commit be published at once. Otherwise the next
-/// pass takes what committed while this one ran: it starts as soon as a commit wakes the relay,
-/// but no sooner than [`SPACING`] after this one started, so that a pass gathers at least a
-/// millisecond of commits instead of paying a transaction and a round trip per commit, and no
-/// sooner than [`BUSY_SHARE`] times its own length, so that on a loaded machine, where passes
-/// take longer, the relay takes no more than its share; within [`MAX_SPACING`]. Batches grow
-/// with the load by themselves, up to `outbox.batch_size`, after which passes follow each other
-/// at once.
-pub fn pass_spacing(published: u64, took: Duration) -> Duration {
-    match published {
-        0 => Duration::ZERO,
-        _ => took.saturating_mul(BUSY_SHARE).clamp(SPACING, MAX_SPACING),
+/// pass takes what committed since this one started: it starts as soon as a commit wakes the
+/// relay, but no sooner than [`SPACING`] after this one, so that a pass gathers at least a
+/// millisecond of commits instead of paying a transaction and a round trip per commit. The
+/// busier the stream (at the rate the last pass saw), the longer the wait, up to
+/// [`MAX_SPACING`]: every pass costs a transaction and a Redis round trip however few events it
+/// carries, and under a heavy stream the relay would otherwise take CPU from the writers for
+/// passes of a few events each. Batches grow with the load, up to `outbox.batch_size`, after
+/// which passes follow each other at once.
+pub fn pass_spacing(published: u64, since_previous: Duration) -> Duration {
+    if published == 0 {
+        return Duration::ZERO;
     }
+    let rate = published as f64 / since_previous.as_secs_f64().max(1e-6);
+    Duration::from_micros((rate / EVENTS_PER_SECOND_PER_MS * 1000.0).min(1e9) as u64)
+        .clamp(SPACING, MAX_SPACING)
 }
 
-/// When the next pass may start, from when the last one started, how long it took and what it
-/// published.
+/// When the next pass may start, from when the last two started and what the last published.
 #[derive(Debug)]
 pub struct Pacing {
     last_started: Instant,
-    took: Duration,
+    /// From the start of the pass before the last one to the start of the last one.
+    interval: Duration,
     published: u64,
 }
 
@@ -72,22 +75,22 @@ impl Pacing {
     pub fn new(now: Instant) -> Pacing {
         Pacing {
             last_started: now,
-            took: Duration::ZERO,
+            interval: Duration::ZERO,
             published: 0,
         }
     }
 
     pub fn pass_started(&mut self, now: Instant) {
+        self.interval = now.saturating_duration_since(self.last_started);
         self.last_started = now;
     }
 
-    pub fn pass_ended(&mut self, now: Instant, events: u64) {
-        self.took = now.saturating_duration_since(self.last_started);
+    pub fn pass_ended(&mut self, events: u64) {
         self.published = events;
     }
 
     pub fn next_pass_at(&self) -> Instant {
-        self.last_started + pass_spacing(self.published, self.took)
+        self.last_started + pass_spacing(self.published, self.interval)
     }
 }
 
@@ -125,14 +128,18 @@ mod tests {
     }
 
     #[test]
-    fn passes_are_spaced_by_their_length_within_bounds() {
-        let us = Duration::from_micros;
-        assert_eq!(pass_spacing(0, us(900)), Duration::ZERO);
-        assert_eq!(pass_spacing(1, us(100)), SPACING);
-        // A pass of 0.5 ms: the next one 1.5 ms after it started.
-        assert_eq!(pass_spacing(10, us(500)), us(1_500));
-        assert_eq!(pass_spacing(10, us(5_000)), MAX_SPACING);
-        assert_eq!(pass_spacing(u64::MAX, Duration::MAX), MAX_SPACING);
+    fn passes_are_spaced_by_the_rate_within_bounds() {
+        let ms = Duration::from_millis;
+        assert_eq!(pass_spacing(0, ms(3)), Duration::ZERO);
+        // 5 events in 10 ms, 500 a second: the least spacing.
+        assert_eq!(pass_spacing(5, ms(10)), SPACING);
+        // 10 events in 2 ms, 5,000 a second: 2 ms.
+        assert_eq!(pass_spacing(10, ms(2)), ms(2));
+        // 40 events in 4 ms, 10,000 a second: 4 ms.
+        assert_eq!(pass_spacing(40, ms(4)), ms(4));
+        assert_eq!(pass_spacing(1_000, ms(1)), MAX_SPACING);
+        assert_eq!(pass_spacing(u64::MAX, Duration::ZERO), MAX_SPACING);
+        assert_eq!(pass_spacing(1, Duration::MAX), SPACING);
     }
 
     #[test]
@@ -141,13 +148,14 @@ mod tests {
         let ms = Duration::from_millis;
         let mut pacing = Pacing::new(start);
         pacing.pass_started(start + ms(10));
-        pacing.pass_ended(start + ms(10) + Duration::from_micros(200), 50);
+        pacing.pass_ended(5);
         assert_eq!(pacing.next_pass_at(), start + ms(11));
-        pacing.pass_started(start + ms(20));
-        pacing.pass_ended(start + ms(22), 50);
-        assert_eq!(pacing.next_pass_at(), start + ms(24));
+        pacing.pass_started(start + ms(14));
+        pacing.pass_ended(20);
+        // 20 events in the 4 ms since the pass before: 5,000 a second, 2 ms.
+        assert_eq!(pacing.next_pass_at(), start + ms(16));
         pacing.pass_started(start + ms(30));
-        pacing.pass_ended(start + ms(31), 0);
+        pacing.pass_ended(0);
         assert_eq!(pacing.next_pass_at(), start + ms(30));
     }
 }

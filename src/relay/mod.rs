@@ -213,7 +213,7 @@ impl Relay {
             ((batch.pass, batch.published, batch.end), batch.end)
         });
         self.publisher.transaction_ended(end == End::Commit);
-        self.pacing.pass_ended(Instant::now(), published);
+        self.pacing.pass_ended(published);
         if published > 0 {
             let at = worker::now();
             self.slot.record_batch(published, at);
