@@ -67,21 +67,30 @@ impl Report {
     }
 }
 
-/// Runs pgbench with `script` and returns its tps.
+/// Runs pgbench with `script` for `PGBENCH_SECONDS` as fast as it goes; returns its tps.
 fn pgbench(pg: &Pg, script: &str, clients: u32) -> f64 {
+    run_pgbench(pg, script, clients, &["-T", &PGBENCH_SECONDS.to_string()])
+}
+
+/// Runs pgbench with `script` at `rate` transactions a second for `seconds`; returns its tps.
+fn pgbench_at_rate(pg: &Pg, script: &str, clients: u32, rate: u32, seconds: u32) -> f64 {
+    run_pgbench(
+        pg,
+        script,
+        clients,
+        &["-R", &rate.to_string(), "-T", &seconds.to_string()],
+    )
+}
+
+/// Runs pgbench with `script`, `clients` clients and threads, and `options`; returns its tps.
+fn run_pgbench(pg: &Pg, script: &str, clients: u32, options: &[&str]) -> f64 {
     let path = std::env::temp_dir().join(format!("outbox-bench-{}.sql", std::process::id()));
     std::fs::write(&path, script).unwrap();
     let out = Command::new(bindir().join("pgbench"))
         .args(pg.client_args())
         .args(["-n", "-M", "prepared"])
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &clients.to_string(),
-            "-T",
-            &PGBENCH_SECONDS.to_string(),
-        ])
+        .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
+        .args(options)
         .arg("-f")
         .arg(&path)
         .arg("postgres")
@@ -703,29 +712,6 @@ fn worker_resources(pg: &Pg, redis: &Redis, report: &mut Report) {
         String::new(),
         "",
     );
-}
-
-/// Runs pgbench with `script` at `rate` transactions a second for `seconds`; returns its tps.
-fn pgbench_at_rate(pg: &Pg, script: &str, clients: u32, rate: u32, seconds: u32) -> f64 {
-    let path = std::env::temp_dir().join(format!("outbox-soak-{}.sql", std::process::id()));
-    std::fs::write(&path, script).unwrap();
-    let out = Command::new(bindir().join("pgbench"))
-        .args(pg.client_args())
-        .args(["-n", "-M", "prepared"])
-        .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
-        .args(["-R", &rate.to_string(), "-T", &seconds.to_string()])
-        .arg("-f")
-        .arg(&path)
-        .arg("postgres")
-        .output()
-        .expect("cannot run pgbench");
-    let _ = std::fs::remove_file(&path);
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find(|l| l.starts_with("tps = "))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("pgbench failed: {text}"))
 }
 
 /// One look at the table: its partitions' total size with indexes and TOAST, its live rows,

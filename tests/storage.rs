@@ -44,6 +44,13 @@ fn partition(client: &mut Client, name: &str) -> Partition {
     }
 }
 
+/// Whether partition `name` holds no row within 15 s.
+fn emptied(client: &mut Client, name: &str) -> bool {
+    wait_until(Duration::from_secs(15), || {
+        partition(client, name).rows == 0
+    })
+}
+
 /// Moves the id sequence to the start of run `run`, so that writers fill another partition.
 fn start_run(client: &mut Client, run: i64) {
     client
@@ -137,12 +144,7 @@ fn an_expired_partition_is_emptied_without_deleting_rows() {
     let before = partition(&mut client, "outbox_01");
     assert_eq!(before.rows, 500);
     assert!(
-        wait_until(Duration::from_secs(15), || partition(
-            &mut client,
-            "outbox_01"
-        )
-        .rows
-            == 0),
+        emptied(&mut client, "outbox_01"),
         "the expired partition kept its rows: {:?}",
         partition(&mut client, "outbox_01")
     );
@@ -185,12 +187,7 @@ fn a_partition_with_an_unpublished_event_is_kept() {
         "not published after Redis came back"
     );
     assert!(
-        wait_until(Duration::from_secs(15), || partition(
-            &mut client,
-            "outbox_01"
-        )
-        .rows
-            == 0),
+        emptied(&mut client, "outbox_01"),
         "the partition was not emptied once its last event was published"
     );
 }
@@ -235,12 +232,7 @@ fn a_partition_in_use_is_left_until_it_is_free() {
     assert_eq!(waiting, 0, "someone waits for a lock");
     reader.batch_execute("COMMIT").unwrap();
     assert!(
-        wait_until(Duration::from_secs(15), || partition(
-            &mut client,
-            "outbox_01"
-        )
-        .rows
-            == 0),
+        emptied(&mut client, "outbox_01"),
         "not emptied after the reader finished"
     );
 }
