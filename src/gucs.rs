@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::time::Duration;
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::pg_sys;
 
 use crate::redis_url;
@@ -23,6 +23,20 @@ static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 /// Where events are published; may carry a password, so it is superuser-only.
 static REDIS_URL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"redis://127.0.0.1:6379"));
+/// How `outbox.redis_url` is read: one server, the seed nodes of a cluster, or sentinels.
+static REDIS_MODE: GucSetting<RedisMode> = GucSetting::<RedisMode>::new(RedisMode::Standalone);
+/// The name Sentinel knows the primary by.
+static REDIS_SENTINEL_MASTER: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+/// PEM files for TLS: the CA to trust, and the client's certificate and key.
+static REDIS_TLS_CA_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+static REDIS_TLS_CERT_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+static REDIS_TLS_KEY_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+/// Replicas that must acknowledge a chunk (`WAIT`) before it is marked; 0 waits for none.
+static REDIS_WAIT_REPLICAS: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Most events one claim takes.
 static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
 /// Safety-net poll, in milliseconds, for when no wake-up arrives.
@@ -46,6 +60,20 @@ static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 static DEDUPE: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Lifetime, in seconds, of a dedupe marker left behind by a crash.
 static DEDUPE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 3600);
+
+/// What `outbox.redis_url` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
+pub enum RedisMode {
+    /// One server (a primary), reached at the one URL.
+    #[name = c"standalone"]
+    Standalone,
+    /// A Redis Cluster: the URLs are seed nodes, the rest is discovered.
+    #[name = c"cluster"]
+    Cluster,
+    /// A primary found through Sentinel: the URLs are the sentinels.
+    #[name = c"sentinel"]
+    Sentinel,
+}
 
 /// Registers every setting. Called from `_PG_init`, preloaded or not, so that `SET` and `SHOW`
 /// work in any backend that loaded the library. PostgreSQL allows restart-only settings to be
@@ -84,7 +112,7 @@ fn init_reloadable() {
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"outbox.redis_url",
-            c"Redis server the outbox relay publishes to (redis:// or rediss://).",
+            c"Redis the outbox relay publishes to: one redis:// or rediss:// URL, or a comma-separated list (cluster seed nodes, or sentinels).",
             c"May contain a password; only superusers can read it, and logs show it masked.",
             &REDIS_URL,
             GucContext::Sighup,
@@ -94,6 +122,56 @@ fn init_reloadable() {
             None,
         );
     }
+    GucRegistry::define_enum_guc(
+        c"outbox.redis_mode",
+        c"What outbox.redis_url names: standalone (one server), cluster (seed nodes) or sentinel (sentinels).",
+        c"",
+        &REDIS_MODE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"outbox.redis_sentinel_master",
+        c"The service name Sentinel knows the Redis primary by (outbox.redis_mode = sentinel).",
+        c"",
+        &REDIS_SENTINEL_MASTER,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"outbox.redis_tls_ca_file",
+        c"PEM file of the CA the relay trusts for rediss:// (empty: the system's roots).",
+        c"",
+        &REDIS_TLS_CA_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"outbox.redis_tls_cert_file",
+        c"PEM file of the client certificate the relay presents over rediss://.",
+        c"Needs outbox.redis_tls_key_file too.",
+        &REDIS_TLS_CERT_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"outbox.redis_tls_key_file",
+        c"PEM file of the private key of outbox.redis_tls_cert_file.",
+        c"",
+        &REDIS_TLS_KEY_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.redis_wait_replicas",
+        c"When positive, the relay marks a chunk only once this many Redis replicas acknowledged it (WAIT).",
+        c"A chunk fewer replicas acknowledge is not marked: the worker backs off and publishes it again.",
+        &REDIS_WAIT_REPLICAS,
+        0,
+        64,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
     GucRegistry::define_int_guc(
         c"outbox.batch_size",
         c"Most events one relay claim takes.",
@@ -231,6 +309,30 @@ pub fn workers() -> usize {
 
 pub fn redis_url() -> String {
     string(&REDIS_URL)
+}
+
+pub fn redis_mode() -> RedisMode {
+    REDIS_MODE.get()
+}
+
+pub fn redis_sentinel_master() -> String {
+    string(&REDIS_SENTINEL_MASTER)
+}
+
+pub fn redis_tls_ca_file() -> String {
+    string(&REDIS_TLS_CA_FILE)
+}
+
+pub fn redis_tls_cert_file() -> String {
+    string(&REDIS_TLS_CERT_FILE)
+}
+
+pub fn redis_tls_key_file() -> String {
+    string(&REDIS_TLS_KEY_FILE)
+}
+
+pub fn redis_wait_replicas() -> u32 {
+    REDIS_WAIT_REPLICAS.get().max(0) as u32
 }
 
 pub fn batch_size() -> usize {

@@ -2,67 +2,54 @@
 //! dedupe script, and sending a chunk, with the isolation of an event that breaks the
 //! connection while Redis itself stays reachable.
 
-use std::time::Duration;
-
-use redis::Value;
-
-use super::pipeline::{self, Answer, Chunk, DEDUPE_SCRIPT};
+use super::link::{self, describe, Link};
+use super::pipeline::{self, Answer, Chunk, ScriptCall, DEDUPE_SCRIPT};
 use super::publish::Target;
 use crate::redis_url;
 
-/// One connection to Redis, and what it was opened for.
+/// A link to Redis, and what it was opened for.
 pub struct Connection {
-    url: String,
-    timeout: Duration,
-    inner: redis::Connection,
-    /// Whether the dedupe script is loaded (only needed, and only asked for, with dedupe on).
+    /// The target's settings that the link depends on.
+    opened_for: Target,
+    link: Link,
+    /// Whether the dedupe script is loaded (only needed, and only asked for, with dedupe on and
+    /// one server; a cluster is sent the script whole).
     script_loaded: bool,
 }
 
-/// Opens a connection and checks that Redis answers on it.
+/// Whether a link opened for `old` serves `new`: the settings that shape the Redis side of a
+/// chunk (prefix, dedupe ...) are read per chunk, the others need a new link.
+fn same_link(old: &Target, new: &Target) -> bool {
+    old.url == new.url
+        && old.mode == new.mode
+        && old.sentinel_master == new.sentinel_master
+        && old.tls == new.tls
+        && old.timeout == new.timeout
+        && (old.wait_replicas > 0) == (new.wait_replicas > 0)
+}
+
+/// Opens a link and checks that Redis answers on it.
 fn connect(target: &Target) -> Result<Connection, String> {
-    let client = redis::Client::open(target.url.as_str()).map_err(|e| describe(&e))?;
-    let mut inner = client
-        .get_connection_with_timeout(target.timeout)
-        .map_err(|e| describe(&e))?;
-    inner
-        .set_read_timeout(Some(target.timeout))
-        .map_err(|e| describe(&e))?;
-    inner
-        .set_write_timeout(Some(target.timeout))
-        .map_err(|e| describe(&e))?;
-    redis::cmd("PING")
-        .query::<String>(&mut inner)
-        .map_err(|e| describe(&e))?;
     Ok(Connection {
-        url: target.url.clone(),
-        timeout: target.timeout,
-        inner,
+        opened_for: target.clone(),
+        link: link::open(target)?,
         script_loaded: false,
     })
 }
 
-/// Loads the dedupe script on a connection that has not loaded it. A restarted or flushed
-/// Redis has forgotten it; a NOSCRIPT reply counts as a lost connection.
+/// Loads the dedupe script on a server that has not loaded it. A restarted or flushed Redis
+/// has forgotten it; a NOSCRIPT reply counts as a lost connection.
 fn load_script(connection: &mut Connection) -> Result<(), String> {
-    if !connection.script_loaded {
-        redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(DEDUPE_SCRIPT)
-            .query::<String>(&mut connection.inner)
+    if !connection.script_loaded && !connection.link.is_cluster() {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(DEDUPE_SCRIPT);
+        connection
+            .link
+            .run::<String>(&load)
             .map_err(|e| describe(&e))?;
         connection.script_loaded = true;
     }
     Ok(())
-}
-
-/// A client error as Redis words it (`NOPERM this user has no permissions ...`) when Redis
-/// answered, and as the client does otherwise (an I/O error, a timeout).
-fn describe(error: &redis::RedisError) -> String {
-    match (error.code(), error.detail()) {
-        (Some(code), Some(detail)) => format!("{code} {detail}"),
-        _ => error.to_string(),
-    }
 }
 
 /// Why a chunk could not be answered event by event.
@@ -137,10 +124,12 @@ fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, S
     }
 }
 
-/// Sends the chunk as one pipeline on the slot's connection, opening one if needed.
+/// Sends the chunk as one pipeline on the slot's connection (one per node of a cluster),
+/// opening one if needed; with `outbox.redis_wait_replicas`, waits for the replicas before it
+/// answers.
 pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Failed> {
     let target = chunk.target;
-    let reusable = matches!(slot, Some(c) if c.url == target.url && c.timeout == target.timeout);
+    let reusable = matches!(slot, Some(c) if same_link(&c.opened_for, target));
     if !reusable {
         *slot = None;
         let connection = connect(target).map_err(|e| {
@@ -162,19 +151,58 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
             )));
         }
     }
-    let (pipeline, layout) = pipeline::build(chunk);
-    let values = pipeline
-        .query::<Vec<Value>>(&mut connection.inner)
-        .map_err(|e| Failed::Broken(describe(&e)))?;
+    let script = if connection.link.is_cluster() {
+        ScriptCall::Whole
+    } else {
+        ScriptCall::BySha
+    };
+    let built = pipeline::build(chunk, script);
+    let layout = built.layout;
+    let values = match connection.link.pipeline(built.commands, built.ignored) {
+        Ok(values) => values,
+        // A cluster that could not place a command (a slot without a primary, a redirection
+        // that kept failing) or refused it outright: Redis is there, but not usable yet.
+        Err(e) if connection.link.is_cluster() && e.code().is_some() => {
+            return Err(Failed::Refused(describe(&e)))
+        }
+        Err(e) => return Err(Failed::Broken(describe(&e))),
+    };
     if values.iter().any(pipeline::closes_connection) {
         // Redis has closed this connection after its reply; the next chunk opens another.
         *slot = None;
     }
-    pipeline::read(chunk, &layout, values).map_err(|failure| {
+    let answer = pipeline::read(chunk, &layout, values).map_err(|failure| {
         if let Failed::Refused(_) = failure {
             // NOSCRIPT, or a server that is going away: start afresh next time.
             *slot = None;
         }
         failure
-    })
+    })?;
+    let wanted = target.wait_replicas;
+    if wanted > 0 && answer.results.iter().any(Result::is_ok) {
+        let Some(connection) = slot.as_mut() else {
+            return Err(Failed::Refused(
+                "Redis closed the connection before WAIT".into(),
+            ));
+        };
+        let acknowledged = connection
+            .link
+            .wait(wanted, target.timeout, &layout.slots)
+            .map_err(|e| {
+                let error = format!("WAIT failed: {}", describe(&e));
+                if e.code().is_some() {
+                    Failed::Refused(error)
+                } else {
+                    Failed::Broken(error)
+                }
+            })?;
+        if acknowledged < wanted {
+            return Err(Failed::Refused(format!(
+                "WAIT: {acknowledged} of the {wanted} replicas asked for (outbox.redis_wait_replicas) \
+                 acknowledged the chunk within {} ms; it is published again later",
+                target.timeout.as_millis()
+            )));
+        }
+    }
+    Ok(answer)
 }

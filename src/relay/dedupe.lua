@@ -12,7 +12,8 @@
 -- ARGV[3 .. 2+r]      the number of events in each of the r runs
 -- then                the n event ids, in order
 -- then                three fields per event: topic, payload, created_at
--- Returns one reply per event, in order: its stream entry id, or the error XADD gave for it. An
+-- Returns one reply per event, in order: its stream entry id, or the error XADD gave for it
+-- after a '!' (a string, not an error reply: a cluster client would fail the whole reply). An
 -- event with a marker was added by an earlier attempt whose transaction never committed: it is
 -- not added again, and the entry id that attempt recorded is returned.
 local maxlen = tonumber(ARGV[1])
@@ -63,7 +64,11 @@ for r = 1, runs do
         entry = xadd('XADD', stream, '*', 'id', id, 'topic',
           ARGV[field_at], 'payload', ARGV[field_at + 1], 'created_at', ARGV[field_at + 2])
       end
-      out[e] = entry
+      if type(entry) == 'table' and entry.err then
+        out[e] = '!' .. entry.err
+      else
+        out[e] = entry
+      end
       if type(entry) == 'string' then
         added[k + 1] = id
         added[k + 2] = entry .. '|' .. stamp

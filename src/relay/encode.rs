@@ -65,9 +65,60 @@ pub fn marker_period(now_ms: u64, ttl_ms: u64) -> MarkerPeriod {
 
 /// The hash holding the markers of `stream`'s ids `shard * MARKER_SHARD ..` written during
 /// `period`. `namespace` tells apart the databases that share a Redis. The key starts with the
-/// stream prefix, so that a Redis user limited to the prefix's keys can keep markers.
+/// stream prefix, so that a Redis user limited to the prefix's keys can keep markers, and ends
+/// with a hash tag that puts it in the stream's hash slot, so that in a Redis Cluster the dedupe
+/// script touches one slot.
 pub fn marker_key(prefix: &str, namespace: &str, period: u64, shard: i64, stream: &str) -> String {
-    format!("{prefix}outbox:dedupe:{namespace}:{period}:{shard}:{stream}")
+    let head = format!("{prefix}outbox:dedupe:{namespace}:{period}:{shard}:");
+    let slot = key_slot(stream.as_bytes());
+    let natural = match hash_tag(stream.as_bytes()) {
+        // The stream's own tag, which holds no `}`; or the whole key when that holds none.
+        Some(tag) => format!("{head}{{{}}}", String::from_utf8_lossy(tag)),
+        None if !stream.contains('}') => format!("{head}{{{stream}}}"),
+        None => String::new(),
+    };
+    if !natural.is_empty() && key_slot(natural.as_bytes()) == slot {
+        return natural;
+    }
+    // A stream key with a `}` but no tag, or a prefix with braces of its own: the first number
+    // whose key lands in the stream's slot (one in 16384 does, so this ends quickly).
+    (0u64..)
+        .map(|n| format!("{head}{{{n}}}"))
+        .find(|key| key_slot(key.as_bytes()) == slot)
+        .unwrap_or(natural)
+}
+
+/// Number of hash slots of a Redis Cluster.
+const SLOTS: u16 = 16384;
+
+/// The hash slot Redis Cluster stores `key` in: CRC16 (XMODEM) of its hash tag, or of the whole
+/// key when it has none, modulo 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    crc16(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// The part between the first `{` and the first `}` after it, when not empty.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let close = key[open + 1..].iter().position(|&b| b == b'}')?;
+    let tag = &key[open + 1..open + 1 + close];
+    (!tag.is_empty()).then_some(tag)
+}
+
+/// CRC-16/XMODEM (polynomial 0x1021, initial value 0), as Redis Cluster computes it.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
 }
 
 /// `text` with every character outside printable ASCII written as `\u{..}`: error messages
@@ -202,11 +253,11 @@ mod tests {
         let period = marker_period(20_000 * day + 5, day);
         assert_eq!(
             marker_key("", "42.5", period.current, 3, "a.b"),
-            "outbox:dedupe:42.5:20000:3:a.b"
+            "outbox:dedupe:42.5:20000:3:{a.b}"
         );
         assert_eq!(
             marker_key("app:", "42.5", period.current - 1, 3, "app:a.b"),
-            "app:outbox:dedupe:42.5:19999:3:app:a.b"
+            "app:outbox:dedupe:42.5:19999:3:{app:a.b}"
         );
         assert_eq!(period.expires_at_ms, 20_002 * day);
         for now in [0, 1, 999, 1000, 1001, 123_456_789] {
@@ -260,6 +311,58 @@ mod tests {
         assert_eq!(
             shape,
             [("p:a", vec![0, 2]), ("p:b", vec![1, 4]), ("p:c", vec![3])]
+        );
+    }
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // Check values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
+    }
+
+    #[test]
+    fn markers_share_their_streams_slot() {
+        let prefixes = ["", "app:", "{app}:", "a{", "x{}y:", "}{", "\u{e9}t\u{e9}:"];
+        let topics = [
+            "orders",
+            "account.created",
+            "{tenant-7}:orders",
+            "a}b",
+            "{}",
+            "{",
+            "}",
+            "x{y",
+            "\u{1f600}",
+            "q{{r}s",
+        ];
+        for prefix in prefixes {
+            for topic in topics {
+                let stream = stream_key(prefix, topic);
+                for (period, shard) in [(0, 0), (20_000, -3), (7, 123_456)] {
+                    let marker = marker_key(prefix, "ns", period, shard, &stream);
+                    assert!(marker.starts_with(prefix), "{marker}");
+                    assert_eq!(
+                        key_slot(marker.as_bytes()),
+                        key_slot(stream.as_bytes()),
+                        "{marker} is not in the slot of {stream}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            marker_key("app:", "ns", 5, 2, "app:orders"),
+            "app:outbox:dedupe:ns:5:2:{app:orders}"
+        );
+        assert_eq!(
+            marker_key("", "ns", 5, 2, "{t1}:orders"),
+            "outbox:dedupe:ns:5:2:{t1}"
         );
     }
 }

@@ -14,6 +14,7 @@ mod claim;
 mod connection;
 pub mod encode;
 mod extension;
+mod link;
 mod pipeline;
 mod prune;
 pub mod publish;

@@ -4,10 +4,14 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use redis::Value;
+use std::collections::BTreeSet;
+
+use redis::{Cmd, Value};
 
 use super::connection::Failed;
-use super::encode::{group_by_stream, marker_key, marker_period, rfc3339, shard_runs, Event};
+use super::encode::{
+    group_by_stream, key_slot, marker_key, marker_period, rfc3339, shard_runs, Event,
+};
 use super::publish::{Markers, Target};
 
 pub const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
@@ -68,21 +72,39 @@ pub fn is_server_wide(code: &str) -> bool {
 pub struct Layout {
     commands: Vec<Vec<usize>>,
     markers: Vec<Markers>,
+    /// The hash slots of the streams written, for `WAIT` on a cluster.
+    pub slots: BTreeSet<u16>,
 }
 
-pub fn build(chunk: &Chunk) -> (redis::Pipeline, Layout) {
+/// How the dedupe script is called: by its SHA1 on a connection that has loaded it, or whole
+/// (`EVAL`) on a cluster, whose nodes may not have loaded it and whose pipelines take no `EVALSHA`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptCall {
+    BySha,
+    Whole,
+}
+
+/// The commands of one round trip: first the marker deletions (`ignored` of them, whose replies
+/// nobody reads), then the chunk's own commands, one reply each, as the layout says.
+pub struct Commands {
+    pub commands: Vec<Cmd>,
+    pub ignored: usize,
+    pub layout: Layout,
+}
+
+pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
     let target = chunk.target;
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
+    let mut commands = Vec::with_capacity(chunk.cleanup.len() + chunk.events.len());
     for markers in chunk.cleanup {
-        pipe.cmd("HDEL")
-            .arg(&markers.hash)
-            .arg(&markers.ids)
-            .ignore();
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(&markers.hash).arg(&markers.ids);
+        commands.push(cmd);
     }
+    let ignored = commands.len();
     let mut layout = Layout {
         commands: Vec::new(),
         markers: Vec::new(),
+        slots: BTreeSet::new(),
     };
     if target.dedupe {
         let ttl_ms = target.dedupe_ttl.as_millis() as u64;
@@ -93,11 +115,19 @@ pub fn build(chunk: &Chunk) -> (redis::Pipeline, Layout) {
         let namespace = &target.marker_namespace;
         for (stream, positions) in group_by_stream(&target.stream_prefix, chunk.events) {
             let runs = shard_runs(chunk.events, &positions);
-            let cmd = pipe
-                .cmd("EVALSHA")
-                .arg(dedupe_script_sha())
-                .arg(1 + 2 * runs.len())
-                .arg(&stream);
+            let mut cmd = match script {
+                ScriptCall::BySha => {
+                    let mut cmd = redis::cmd("EVALSHA");
+                    cmd.arg(dedupe_script_sha());
+                    cmd
+                }
+                ScriptCall::Whole => {
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(DEDUPE_SCRIPT);
+                    cmd
+                }
+            };
+            cmd.arg(1 + 2 * runs.len()).arg(&stream);
             for (shard, run) in &runs {
                 let prefix = &target.stream_prefix;
                 let current = marker_key(prefix, namespace, period.current, *shard, &stream);
@@ -127,14 +157,16 @@ pub fn build(chunk: &Chunk) -> (redis::Pipeline, Layout) {
                     .arg(&event.payload)
                     .arg(rfc3339(event.created_at));
             }
+            layout.slots.insert(key_slot(stream.as_bytes()));
+            commands.push(cmd);
             layout.commands.push(positions);
         }
     } else {
         for (index, event) in chunk.events.iter().enumerate() {
-            let cmd = pipe.cmd("XADD").arg(super::encode::stream_key(
-                &target.stream_prefix,
-                &event.topic,
-            ));
+            let stream = super::encode::stream_key(&target.stream_prefix, &event.topic);
+            layout.slots.insert(key_slot(stream.as_bytes()));
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(stream);
             if target.stream_maxlen > 0 {
                 cmd.arg("MAXLEN").arg("~").arg(target.stream_maxlen);
             }
@@ -142,10 +174,15 @@ pub fn build(chunk: &Chunk) -> (redis::Pipeline, Layout) {
             for (name, value) in event.fields() {
                 cmd.arg(name).arg(value.as_ref());
             }
+            commands.push(cmd);
             layout.commands.push(vec![index]);
         }
     }
-    (pipe, layout)
+    Commands {
+        commands,
+        ignored,
+        layout,
+    }
 }
 
 /// Whether a reply is a protocol error, after which Redis closes the connection (a bulk
@@ -190,6 +227,14 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                 }
                 for (item, &p) in items.into_iter().zip(positions) {
                     match item {
+                        Value::BulkString(text) if text.first() == Some(&b'!') => {
+                            let message = String::from_utf8_lossy(&text[1..]).into_owned();
+                            let code = message.split(' ').next().unwrap_or("");
+                            if is_server_wide(code) {
+                                return Err(Failed::Refused(message));
+                            }
+                            results[p] = Err(message);
+                        }
                         Value::BulkString(_) | Value::SimpleString(_) => {}
                         Value::ServerError(e) => {
                             if is_server_wide(e.code()) {
@@ -233,6 +278,10 @@ mod tests {
     fn a_key_error_fails_its_events_and_a_refusal_fails_the_chunk() {
         let target = Target {
             url: "redis://127.0.0.1".into(),
+            mode: crate::gucs::RedisMode::Standalone,
+            sentinel_master: String::new(),
+            tls: Default::default(),
+            wait_replicas: 0,
             timeout: Duration::from_secs(1),
             stream_prefix: String::new(),
             stream_maxlen: 0,
@@ -246,7 +295,7 @@ mod tests {
             events: &events,
             cleanup: &[],
         };
-        let (_, layout) = build(&chunk);
+        let layout = build(&chunk, ScriptCall::BySha).layout;
         let added = || reply(b"$3\r\n1-1\r\n");
         let wrongtype = || reply(b"-WRONGTYPE Operation against a key\r\n");
         let Ok(answer) = read(&chunk, &layout, vec![wrongtype(), added(), wrongtype()]) else {

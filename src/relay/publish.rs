@@ -16,6 +16,7 @@ use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use super::connection::{self, Connection};
 use super::encode::Event;
 use super::pipeline::Chunk;
+use crate::gucs::RedisMode;
 
 /// How long the thread waits for another chunk before it deletes committed markers alone.
 const CLEANUP_AFTER: Duration = Duration::from_millis(20);
@@ -23,7 +24,14 @@ const CLEANUP_AFTER: Duration = Duration::from_millis(20);
 /// Where and how to publish: the Redis side of the settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
+    /// One URL, or a comma-separated list (cluster seed nodes, or sentinels).
     pub url: String,
+    pub mode: RedisMode,
+    /// The service name Sentinel knows the primary by.
+    pub sentinel_master: String,
+    pub tls: TlsFiles,
+    /// Replicas that must acknowledge a chunk before its events count as published.
+    pub wait_replicas: u32,
     pub timeout: Duration,
     pub stream_prefix: String,
     pub stream_maxlen: u64,
@@ -31,6 +39,14 @@ pub struct Target {
     pub dedupe_ttl: Duration,
     /// Tells apart databases sharing a Redis in marker hash keys.
     pub marker_namespace: String,
+}
+
+/// PEM files for `rediss://`; empty strings are unset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
 }
 
 /// Dedupe markers: event ids in one marker hash.

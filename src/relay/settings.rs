@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::{gucs, redis_url};
 
-use super::publish::Target;
+use super::publish::{Target, TlsFiles};
+use crate::gucs::RedisMode;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -24,6 +25,14 @@ impl Settings {
         Settings {
             target: Target {
                 url: gucs::redis_url(),
+                mode: gucs::redis_mode(),
+                sentinel_master: gucs::redis_sentinel_master(),
+                tls: TlsFiles {
+                    ca_file: gucs::redis_tls_ca_file(),
+                    cert_file: gucs::redis_tls_cert_file(),
+                    key_file: gucs::redis_tls_key_file(),
+                },
+                wait_replicas: gucs::redis_wait_replicas(),
                 timeout: gucs::redis_timeout(),
                 stream_prefix: gucs::stream_prefix(),
                 stream_maxlen: gucs::stream_maxlen(),
@@ -44,8 +53,27 @@ impl Settings {
         let retention = self
             .retention
             .map_or("off".to_string(), |r| format!("{}s", r.as_secs()));
+        let mode = match target.mode {
+            RedisMode::Standalone => "standalone".to_string(),
+            RedisMode::Cluster => "cluster".to_string(),
+            RedisMode::Sentinel => format!("sentinel master='{}'", target.sentinel_master),
+        };
+        let mut tls = String::new();
+        for (name, file) in [
+            ("ca", &target.tls.ca_file),
+            ("cert", &target.tls.cert_file),
+            ("key", &target.tls.key_file),
+        ] {
+            if !file.is_empty() {
+                tls.push_str(&format!(" redis_tls_{name}_file='{file}'"));
+            }
+        }
+        let wait = match target.wait_replicas {
+            0 => String::new(),
+            n => format!(" redis_wait_replicas={n}"),
+        };
         format!(
-            "database={database} redis_url={} batch_size={} poll_interval={}ms \
+            "database={database} redis_url={} redis_mode={mode}{tls}{wait} batch_size={} poll_interval={}ms \
              redis_timeout={}ms stream_prefix='{}' stream_maxlen={} max_attempts={} retention={} \
              dedupe={} dedupe_ttl={}s",
             redis_url::mask(&target.url),
