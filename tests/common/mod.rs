@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 pub use postgres::Client;
 
+pub mod topology;
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

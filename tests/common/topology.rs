@@ -1,0 +1,554 @@
+//! Redis as it is deployed: a cluster of primaries with replicas, a primary with a replica
+//! behind three sentinels, and a TLS server with certificates made by `openssl`. Every server
+//! is a real `redis-server` on loopback, stopped and removed when the test ends.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{run, scratch_dir, wait_until};
+
+/// A port free for a cluster node: below 55535, with its bus port (+10000) free too.
+fn cluster_port() -> u16 {
+    loop {
+        let port = super::free_port();
+        if port < 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+        // Ephemeral ports are mostly above 32768: try one from a lower range.
+        for candidate in (20000..30000).step_by(97) {
+            let candidate = candidate + (std::process::id() % 97) as u16;
+            if TcpListener::bind(("127.0.0.1", candidate)).is_ok()
+                && TcpListener::bind(("127.0.0.1", candidate + 10000)).is_ok()
+            {
+                return candidate;
+            }
+        }
+    }
+}
+
+/// One `redis-server` process with its own directory, restartable with the same options.
+pub struct Node {
+    pub port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn start(port: u16, dir: PathBuf, args: Vec<String>) -> Node {
+        let mut node = Node {
+            port,
+            dir,
+            args,
+            child: None,
+        };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .current_dir(&self.dir)
+            .spawn()
+            .expect("cannot start redis-server; is it installed?");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no shutdown, no last write to the replicas.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the node is still running");
+        self.spawn();
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn conn(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))?;
+        let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(conn)
+    }
+
+    pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        cmd.query(&mut self.conn()?)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of `primaries` primaries with one replica each.
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+}
+
+impl Cluster {
+    pub fn start(primaries: usize) -> Cluster {
+        let mut nodes = Vec::new();
+        for _ in 0..primaries * 2 {
+            let port = cluster_port();
+            let dir = scratch_dir("cluster");
+            let args = [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                // A replica may take over however long its primary has been gone, and syncs
+                // at once rather than after the default 5 s.
+                "--cluster-replica-validity-factor",
+                "0",
+                "--repl-diskless-sync-delay",
+                "0",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+            nodes.push(Node::start(port, dir, args));
+        }
+        for node in &nodes {
+            assert!(
+                wait_until(Duration::from_secs(10), || node.conn().is_ok()),
+                "cluster node {} did not start",
+                node.port
+            );
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        create.args(["--cluster-replicas", "1", "--cluster-yes"]);
+        run(&mut create);
+        let cluster = Cluster { nodes };
+        cluster.wait_ok();
+        cluster.wait_replicas_in_sync();
+        cluster
+    }
+
+    /// Waits until every running node says the cluster is ok and agrees on who serves what.
+    pub fn wait_ok(&self) {
+        assert!(
+            wait_until(Duration::from_secs(60), || {
+                self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+                    n.query::<String>(redis::cmd("CLUSTER").arg("INFO"))
+                        .is_ok_and(|info| info.contains("cluster_state:ok"))
+                }) && self.primaries().len() * 2 >= self.nodes.len()
+            }),
+            "the cluster did not become ok"
+        );
+    }
+
+    /// Waits until every running replica has a live link to its primary.
+    pub fn wait_replicas_in_sync(&self) {
+        assert!(
+            wait_until(Duration::from_secs(60), || {
+                self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+                    n.query::<String>(redis::cmd("INFO").arg("replication"))
+                        .is_ok_and(|i| {
+                            i.contains("role:master") || i.contains("master_link_status:up")
+                        })
+                })
+            }),
+            "the cluster's replicas did not catch up"
+        );
+    }
+
+    /// The seed nodes' URLs, comma-separated, as `outbox.redis_url` takes them.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A running node's view of the cluster: node id -> (port, is primary, slot count).
+    fn view(&self) -> BTreeMap<String, (u16, bool, usize)> {
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            let Ok(text) = node.query::<String>(redis::cmd("CLUSTER").arg("NODES")) else {
+                continue;
+            };
+            let mut view = BTreeMap::new();
+            for line in text.lines() {
+                let fields: Vec<&str> = line.split(' ').collect();
+                if fields.len() < 8 || fields[2].contains("fail") {
+                    continue;
+                }
+                let port: u16 = fields[1]
+                    .split(['@', ':'])
+                    .nth(1)
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
+                let slots = fields[8..]
+                    .iter()
+                    .filter(|s| !s.starts_with('['))
+                    .map(|range| match range.split_once('-') {
+                        Some((a, b)) => {
+                            b.parse::<usize>().unwrap_or(0) - a.parse::<usize>().unwrap_or(0) + 1
+                        }
+                        None => 1,
+                    })
+                    .sum();
+                view.insert(
+                    fields[0].to_string(),
+                    (port, fields[2].contains("master"), slots),
+                );
+            }
+            return view;
+        }
+        BTreeMap::new()
+    }
+
+    /// The primaries that serve slots: (node id, port, slot count).
+    pub fn primaries(&self) -> Vec<(String, u16, usize)> {
+        self.view()
+            .into_iter()
+            .filter(|(_, (_, primary, slots))| *primary && *slots > 0)
+            .map(|(id, (port, _, slots))| (id, port, slots))
+            .collect()
+    }
+
+    pub fn node_on(&mut self, port: u16) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("no node on that port")
+    }
+
+    /// Moves `slots` slots from one primary to another, as an operator does with `redis-cli`.
+    pub fn reshard(&self, from: &str, to: &str, slots: usize) {
+        let seed = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("no node is running");
+        run(Command::new("redis-cli")
+            .args(["--cluster", "reshard"])
+            .arg(format!("127.0.0.1:{}", seed.port))
+            .args(["--cluster-from", from, "--cluster-to", to])
+            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null()));
+    }
+
+    fn client(&self) -> redis::cluster::ClusterConnection {
+        let seeds: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .collect();
+        redis::cluster::ClusterClient::new(seeds)
+            .and_then(|c| c.get_connection())
+            .expect("cannot connect to the cluster")
+    }
+
+    /// The `id` field of every entry of a stream, in stream order.
+    pub fn ids(&self, stream: &str) -> Vec<i64> {
+        let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg("-")
+            .arg("+")
+            .query(&mut self.client())
+            .expect("XRANGE failed");
+        reply
+            .into_iter()
+            .map(|(_, flat)| {
+                let at = flat.iter().position(|f| f == "id").expect("no id field");
+                flat[at + 1].parse().expect("id is not a number")
+            })
+            .collect()
+    }
+
+    pub fn xlen(&self, stream: &str) -> usize {
+        redis::cmd("XLEN")
+            .arg(stream)
+            .query(&mut self.client())
+            .unwrap_or(0)
+    }
+}
+
+/// A primary with one replica, watched by three sentinels that know it as `master`.
+pub struct Sentinels {
+    pub primary: Node,
+    pub replica: Node,
+    pub sentinels: Vec<Node>,
+}
+
+impl Sentinels {
+    pub const MASTER: &'static str = "master";
+
+    pub fn start() -> Sentinels {
+        let data = |port: u16, extra: &[String]| {
+            let mut args: Vec<String> = [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+            args.extend_from_slice(extra);
+            args
+        };
+        let primary_port = super::free_port();
+        let primary = Node::start(
+            primary_port,
+            scratch_dir("primary"),
+            data(primary_port, &[]),
+        );
+        let replica_port = super::free_port();
+        let replica = Node::start(
+            replica_port,
+            scratch_dir("replica"),
+            data(
+                replica_port,
+                &[
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    primary_port.to_string(),
+                ],
+            ),
+        );
+        assert!(
+            wait_until(Duration::from_secs(20), || replica
+                .query::<String>(redis::cmd("INFO").arg("replication"))
+                .is_ok_and(|i| i.contains("master_link_status:up"))),
+            "the replica did not catch up with the primary"
+        );
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            let port = super::free_port();
+            let dir = scratch_dir("sentinel");
+            let conf = dir.join("sentinel.conf");
+            fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {} 1000\n\
+                     sentinel failover-timeout {} 10000\n",
+                    dir.display(),
+                    Sentinels::MASTER,
+                    Sentinels::MASTER,
+                    Sentinels::MASTER
+                ),
+            )
+            .expect("cannot write sentinel.conf");
+            let args = vec![conf.display().to_string(), "--sentinel".into()];
+            sentinels.push(Node::start(port, dir, args));
+        }
+        let all = Sentinels {
+            primary,
+            replica,
+            sentinels,
+        };
+        // The sentinels know each other (and the replica) before anything is killed.
+        assert!(
+            wait_until(Duration::from_secs(30), || all.sentinels.iter().all(|s| {
+                s.query::<Vec<std::collections::HashMap<String, String>>>(
+                    redis::cmd("SENTINEL").arg("MASTERS"),
+                )
+                .is_ok_and(|masters| {
+                    masters.first().is_some_and(|m| {
+                        m.get("num-other-sentinels").map(String::as_str) == Some("2")
+                            && m.get("num-slaves").map(String::as_str) == Some("1")
+                    })
+                })
+            })),
+            "the sentinels did not find each other"
+        );
+        all
+    }
+
+    /// The sentinels' URLs, comma-separated, as `outbox.redis_url` takes them.
+    pub fn urls(&self) -> String {
+        self.sentinels
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The port of the primary the sentinels name now.
+    pub fn primary_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            s.query::<(String, u16)>(
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(Sentinels::MASTER),
+            )
+            .ok()
+            .map(|(_, port)| port)
+        })
+    }
+}
+
+/// A certificate authority and what it signed, as PEM files in a directory the `postgres` user
+/// can read.
+pub struct Certificates {
+    pub dir: PathBuf,
+}
+
+impl Certificates {
+    /// A CA named `name`, a server certificate for 127.0.0.1 (and no host name), and a client
+    /// certificate, all signed by it.
+    pub fn make(name: &str) -> Certificates {
+        let dir = scratch_dir(&format!("tls-{name}"));
+        let openssl = |args: &[&str]| {
+            run(Command::new("openssl").args(args).current_dir(&dir));
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=outbox test CA {name}"),
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ]);
+        fs::write(
+            dir.join("server.ext"),
+            "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\n",
+        )
+        .unwrap();
+        fs::write(dir.join("client.ext"), "basicConstraints=CA:FALSE\n").unwrap();
+        for who in ["server", "client"] {
+            openssl(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN=outbox {who}"),
+                "-keyout",
+                &format!("{who}.key"),
+                "-out",
+                &format!("{who}.csr"),
+            ]);
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{who}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{who}.ext"),
+                "-out",
+                &format!("{who}.crt"),
+            ]);
+        }
+        // The relay reads them as the postgres OS user.
+        run(Command::new("chmod").args(["-R", "a+rX"]).arg(&dir));
+        Certificates { dir }
+    }
+
+    pub fn file(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+}
+
+impl Drop for Certificates {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `redis-server` that speaks TLS only, with `certificates`' server certificate, and asks
+/// clients for a certificate of the same CA.
+pub fn tls_server(certificates: &Certificates) -> Node {
+    let port = super::free_port();
+    let file = |name: &str| certificates.file(name);
+    let args = [
+        "--port".to_string(),
+        "0".into(),
+        "--tls-port".into(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--tls-cert-file".into(),
+        file("server.crt"),
+        "--tls-key-file".into(),
+        file("server.key"),
+        "--tls-ca-cert-file".into(),
+        file("ca.crt"),
+        "--tls-auth-clients".into(),
+        "yes".into(),
+        "--save".into(),
+        "".into(),
+        "--appendonly".into(),
+        "no".into(),
+    ]
+    .to_vec();
+    let node = Node::start(port, scratch_dir("tls"), args);
+    let probe = Path::new(&certificates.dir).to_path_buf();
+    assert!(
+        wait_until(Duration::from_secs(10), || tls_conn(&probe, port).is_ok()),
+        "the TLS server did not start on port {port}"
+    );
+    node
+}
+
+/// A TLS connection to `port` as a client of the CA in `dir`.
+pub fn tls_conn(dir: &Path, port: u16) -> redis::RedisResult<redis::Connection> {
+    let read = |name: &str| fs::read(dir.join(name)).expect("cannot read a certificate");
+    let client = redis::Client::build_with_tls(
+        format!("rediss://127.0.0.1:{port}"),
+        redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read("client.crt"),
+                client_key: read("client.key"),
+            }),
+            root_cert: Some(read("ca.crt")),
+        },
+    )?;
+    client.get_connection_with_timeout(Duration::from_secs(2))
+}

@@ -1,0 +1,422 @@
+//! Redis as users run it: a cluster that fails over and reshards under the relay, a primary
+//! behind Sentinel that is killed mid-drain, TLS with the test's own CA (and refusals of the
+//! wrong CA, the wrong host name and a missing client certificate), and ACL users limited to
+//! the stream prefix on a cluster.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::thread;
+use std::time::Duration;
+
+use common::topology::{tls_conn, tls_server, Certificates, Cluster, Sentinels};
+use common::{enqueue_many, wait_until, Client, Pg};
+
+/// The state and last error of the only relay worker.
+fn worker_state(pg: &Pg) -> (String, Option<String>) {
+    let rows = pg.query_retrying("SELECT state, last_error FROM outbox_workers");
+    (rows[0].get(0), rows[0].get(1))
+}
+
+/// Enqueues `n` events numbered from `first`, spread over `topics` topics `t00`, `t01` ...;
+/// records each event's id under its topic.
+fn enqueue_spread(
+    client: &mut Client,
+    first: i64,
+    n: i64,
+    topics: i64,
+    expected: &mut BTreeMap<String, Vec<i64>>,
+) {
+    let rows = client
+        .query(
+            "SELECT 't' || lpad((g % $3)::text, 2, '0') AS topic, \
+                    outbox_enqueue('t' || lpad((g % $3)::text, 2, '0'), jsonb_build_object('n', g)) \
+             FROM generate_series($1::bigint, $2::bigint) g",
+            &[&first, &(first + n - 1), &topics],
+        )
+        .unwrap();
+    for row in rows {
+        expected
+            .entry(row.get::<_, String>(0))
+            .or_default()
+            .push(row.get(1));
+    }
+}
+
+/// Every expected id is in its stream; returns how many ids are there more than once.
+fn check_streams(
+    expected: &BTreeMap<String, Vec<i64>>,
+    published: impl Fn(&str) -> Vec<i64>,
+) -> usize {
+    let mut twice = 0;
+    for (stream, ids) in expected {
+        let got = published(stream);
+        let distinct: BTreeSet<i64> = got.iter().copied().collect();
+        let want: BTreeSet<i64> = ids.iter().copied().collect();
+        let missing: Vec<_> = want.difference(&distinct).take(10).collect();
+        assert!(
+            missing.is_empty(),
+            "{stream}: {} of {} events never arrived, e.g. {missing:?}",
+            want.difference(&distinct).count(),
+            want.len()
+        );
+        let stray: Vec<_> = distinct.difference(&want).take(10).collect();
+        assert!(stray.is_empty(), "{stream}: entries of no event: {stray:?}");
+        twice += got.len() - distinct.len();
+    }
+    twice
+}
+
+/// The relay's log lines (those of its worker), for a look at what it said.
+fn relay_log(pg: &Pg) -> Vec<String> {
+    pg.log()
+        .lines()
+        .filter(|l| l.contains("outbox relay") || l.contains("outbox:"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_cluster_failover_and_a_reshard_during_the_drain_lose_nothing() {
+    let mut cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_mode", "cluster"),
+        ("outbox.redis_wait_replicas", "1"),
+        ("outbox.redis_timeout", "2s"),
+        ("outbox.batch_size", "1000"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut expected = BTreeMap::new();
+    let per_round = 5_000;
+    let mut reshard = None;
+    let mut killed = None;
+    for round in 0..20 {
+        enqueue_spread(&mut client, round * per_round, per_round, 50, &mut expected);
+        match round {
+            4 => {
+                // The primary of the most slots dies; its replica takes over.
+                let primaries = cluster.primaries();
+                let (_, port, _) = primaries.iter().max_by_key(|p| p.2).unwrap().clone();
+                cluster.node_on(port).kill();
+                killed = Some(port);
+                assert!(
+                    wait_until(Duration::from_secs(30), || {
+                        let now = cluster.primaries();
+                        now.len() == 3 && now.iter().all(|p| p.1 != port)
+                    }),
+                    "no replica took over from the killed primary"
+                );
+            }
+            8 => {
+                // It comes back, empty, as the new primary's replica.
+                cluster.node_on(killed.unwrap()).start_again();
+                cluster.wait_ok();
+                cluster.wait_replicas_in_sync();
+            }
+            10 => {
+                // An operator moves 2,000 slots while the relay keeps publishing.
+                let primaries = cluster.primaries();
+                let from = primaries[0].0.clone();
+                let to = primaries[1].0.clone();
+                let seeds = cluster
+                    .nodes
+                    .iter()
+                    .filter(|n| n.is_running())
+                    .map(|n| n.port)
+                    .next()
+                    .unwrap();
+                let mut watcher = pg.connect();
+                reshard = Some(thread::spawn(move || {
+                    let mut published = || -> i64 {
+                        watcher
+                            .query_one(
+                                "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+                                &[],
+                            )
+                            .unwrap()
+                            .get(0)
+                    };
+                    let before = published();
+                    let started = std::time::Instant::now();
+                    let status = std::process::Command::new("redis-cli")
+                        .args(["--cluster", "reshard"])
+                        .arg(format!("127.0.0.1:{seeds}"))
+                        .args(["--cluster-from", &from, "--cluster-to", &to])
+                        .args(["--cluster-slots", "2000", "--cluster-yes"])
+                        .stdout(std::process::Stdio::null())
+                        .status()
+                        .expect("cannot run redis-cli");
+                    assert!(status.success(), "the reshard failed");
+                    (published() - before, started.elapsed())
+                }));
+            }
+            _ => {}
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let (published_during, took) = reshard.expect("no reshard").join().unwrap();
+    eprintln!("{published_during} events were published during the reshard, which took {took:?}");
+    assert!(
+        published_during > 0,
+        "nothing was published while slots moved"
+    );
+    assert!(
+        wait_until(Duration::from_secs(180), || pg.pending() == 0),
+        "{} events still pending; worker: {:?}",
+        pg.pending(),
+        worker_state(&pg)
+    );
+    let twice = check_streams(&expected, |s| cluster.ids(s));
+    assert_eq!(
+        twice, 0,
+        "with dedupe on and outbox.redis_wait_replicas = 1, no event may be published twice"
+    );
+    let dead: i64 = client
+        .query_one("SELECT count(*) FROM outbox_dead", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(dead, 0, "an event was buried over a failover");
+    let log = relay_log(&pg);
+    let warnings: Vec<_> = log.iter().filter(|l| l.contains("WARNING")).collect();
+    eprintln!(
+        "the relay's log over the failover and reshard:\n{}",
+        log.join("\n")
+    );
+    assert!(
+        warnings.len() <= 10,
+        "the failover took {} warnings to tell: {warnings:#?}",
+        warnings.len()
+    );
+}
+
+#[test]
+fn a_primary_killed_behind_sentinel_mid_drain_loses_nothing() {
+    let mut redis = Sentinels::start();
+    let urls = redis.urls();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_mode", "sentinel"),
+        ("outbox.redis_sentinel_master", Sentinels::MASTER),
+        ("outbox.redis_wait_replicas", "1"),
+        ("outbox.redis_timeout", "2s"),
+        ("outbox.batch_size", "200"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut expected = BTreeMap::new();
+    let old_primary = redis.primary.port;
+    for round in 0..16 {
+        enqueue_spread(&mut client, round * 2_000, 2_000, 4, &mut expected);
+        if round == 4 {
+            redis.primary.kill();
+            let replica = redis.replica.port;
+            assert!(
+                wait_until(Duration::from_secs(60), || redis.primary_port()
+                    == Some(replica)),
+                "the sentinels did not promote the replica"
+            );
+            // Back, empty: the sentinels make it the new primary's replica.
+            redis.primary.start_again();
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        wait_until(Duration::from_secs(180), || pg.pending() == 0),
+        "{} events still pending; worker: {:?}",
+        pg.pending(),
+        worker_state(&pg)
+    );
+    assert_ne!(redis.primary_port(), Some(old_primary));
+    let new_primary = &redis.replica;
+    let twice = check_streams(&expected, |stream| {
+        let reply: Vec<(String, Vec<String>)> = new_primary
+            .query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"))
+            .unwrap();
+        reply
+            .into_iter()
+            .map(|(_, f)| {
+                f[f.iter().position(|x| x == "id").unwrap() + 1]
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    });
+    assert_eq!(twice, 0, "an event was published twice over the failover");
+    let log = relay_log(&pg);
+    eprintln!("the relay's log over the failover:\n{}", log.join("\n"));
+}
+
+/// Waits until the worker is in backoff with an error containing `needle`; returns the error.
+fn backoff_with(pg: &Pg, needle: &str) -> String {
+    let mut last = None;
+    let found = wait_until(Duration::from_secs(30), || {
+        let state = worker_state(pg);
+        let hit = state.0 == "backoff"
+            && state
+                .1
+                .as_deref()
+                .is_some_and(|e| e.to_lowercase().contains(&needle.to_lowercase()));
+        last = Some(state);
+        hit
+    });
+    assert!(found, "no backoff mentioning '{needle}': {last:?}");
+    last.unwrap().1.unwrap()
+}
+
+#[test]
+fn tls_with_the_tests_ca_publishes_and_refuses_what_it_cannot_verify() {
+    let ca = Certificates::make("ours");
+    let other = Certificates::make("theirs");
+    let server = tls_server(&ca);
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let (ca_file, cert_file, key_file) = (
+        ca.file("ca.crt"),
+        ca.file("client.crt"),
+        ca.file("client.key"),
+    );
+    let mut pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_tls_ca_file", ca_file.as_str()),
+        ("outbox.redis_tls_cert_file", cert_file.as_str()),
+        ("outbox.redis_tls_key_file", key_file.as_str()),
+        ("outbox.poll_interval", "100ms"),
+        ("outbox.redis_timeout", "1s"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let xlen = || -> usize {
+        redis::cmd("XLEN")
+            .arg("orders")
+            .query(&mut tls_conn(&ca.dir, server.port).unwrap())
+            .unwrap()
+    };
+    let mut expected = enqueue_many(&mut client, "orders", 20);
+    assert!(
+        wait_until(Duration::from_secs(20), || xlen() == 20),
+        "nothing arrived over TLS: {:?}",
+        worker_state(&pg)
+    );
+
+    // A CA that did not sign the server's certificate.
+    let other_ca = other.file("ca.crt");
+    pg.set(&[("outbox.redis_tls_ca_file", other_ca.as_str())]);
+    expected.extend(enqueue_many(&mut client, "orders", 1));
+    let error = backoff_with(&pg, "certificate");
+    eprintln!("another CA: {error}");
+
+    // The right CA, but a host name the certificate does not name.
+    let by_name = format!("rediss://localhost:{}", server.port);
+    pg.set(&[
+        ("outbox.redis_tls_ca_file", ca_file.as_str()),
+        ("outbox.redis_url", by_name.as_str()),
+    ]);
+    let error = backoff_with(&pg, "name");
+    eprintln!("another host name: {error}");
+
+    // No client certificate, which the server asks for.
+    pg.set(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_tls_cert_file", ""),
+        ("outbox.redis_tls_key_file", ""),
+    ]);
+    let error = wait_for_error_change(&pg, &error);
+    eprintln!("no client certificate: {error}");
+    assert_eq!(
+        xlen(),
+        20,
+        "an event went out over a connection that was refused"
+    );
+
+    // Everything right again: the waiting event goes out, once.
+    pg.set(&[
+        ("outbox.redis_tls_cert_file", cert_file.as_str()),
+        ("outbox.redis_tls_key_file", key_file.as_str()),
+    ]);
+    assert!(
+        wait_until(Duration::from_secs(30), || xlen() == 21),
+        "the waiting event did not go out: {:?}",
+        worker_state(&pg)
+    );
+    let ids: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg("orders")
+        .arg("-")
+        .arg("+")
+        .query(&mut tls_conn(&ca.dir, server.port).unwrap())
+        .unwrap();
+    let ids: Vec<i64> = ids.iter().map(|(_, f)| f[1].parse().unwrap()).collect();
+    assert_eq!(ids, expected);
+}
+
+/// Waits until the worker is in backoff with an error other than `previous`.
+fn wait_for_error_change(pg: &Pg, previous: &str) -> String {
+    let mut last = None;
+    let changed = wait_until(Duration::from_secs(30), || {
+        let state = worker_state(pg);
+        let hit = state.0 == "backoff" && state.1.as_deref().is_some_and(|e| e != previous);
+        last = Some(state);
+        hit
+    });
+    assert!(changed, "the worker's error did not change: {last:?}");
+    last.unwrap().1.unwrap()
+}
+
+/// The README's least Redis user for a cluster, on every node, limited to the stream prefix:
+/// events go out with dedupe on and off, and the worker meets no refusal.
+#[test]
+fn the_readme_minimal_cluster_user_publishes_with_and_without_dedupe() {
+    let cluster = Cluster::start(3);
+    let rules = "on >pw ~app:* +ping +hello +auth +cluster|slots +asking +wait +xadd +eval +hdel \
+                 +hmget +exists +hset +pexpireat";
+    for node in &cluster.nodes {
+        let mut acl = redis::cmd("ACL");
+        acl.arg("SETUSER").arg("relay");
+        for rule in rules.split_whitespace() {
+            acl.arg(rule);
+        }
+        node.query::<()>(&acl).unwrap();
+    }
+    let urls: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://relay:pw@127.0.0.1:{}", n.port))
+        .collect();
+    let urls = urls.join(",");
+    let mut pg = Pg::start(&[
+        ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_mode", "cluster"),
+        ("outbox.redis_wait_replicas", "1"),
+        ("outbox.stream_prefix", "app:"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut expected = BTreeMap::new();
+    enqueue_spread(&mut client, 0, 2_000, 20, &mut expected);
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "with dedupe on, the minimal user's events were not published: {:?}",
+        worker_state(&pg)
+    );
+    pg.set(&[("outbox.dedupe", "off")]);
+    assert!(wait_until(Duration::from_secs(20), || pg
+        .log()
+        .lines()
+        .any(|l| l.contains("reloaded") && l.contains("dedupe=off"))));
+    enqueue_spread(&mut client, 2_000, 2_000, 20, &mut expected);
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "with dedupe off, the minimal user's events were not published: {:?}",
+        worker_state(&pg)
+    );
+    let prefixed: BTreeMap<String, Vec<i64>> = expected
+        .into_iter()
+        .map(|(topic, ids)| (format!("app:{topic}"), ids))
+        .collect();
+    assert_eq!(check_streams(&prefixed, |s| cluster.ids(s)), 0);
+    assert!(!pg.log().contains("NOPERM"), "the worker met a refusal");
+}
