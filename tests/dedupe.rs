@@ -6,7 +6,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use common::{enqueue_many, wait_until, Pg, Redis};
+use common::{enqueue_many, kill_between_publish_and_mark, wait_until, Pg, Redis};
 
 const BATCH: i64 = 100;
 /// The relay sends a batch of 100 in two chunks of 50.
@@ -36,75 +36,6 @@ fn markers(redis: &Redis) -> usize {
         .sum()
 }
 
-/// Commits `n` events on `stream` and kills the worker with SIGKILL after it has published the
-/// first batch and before it could mark it: a SHARE lock on the events' partitions, queued
-/// behind the committing writer, holds back the mark (ROW EXCLUSIVE) but not the claim (ROW
-/// SHARE). `before_kill` looks at
-/// that moment. Returns the ids.
-fn kill_between_publish_and_mark(
-    pg: &Pg,
-    redis: &Redis,
-    stream: &str,
-    n: i64,
-    before_kill: impl FnOnce(),
-) -> Vec<i64> {
-    // A worker that has found the extension has prepared its statements (which takes the locks
-    // a mark needs), so the lock below catches it in a mark, not in its preparation.
-    assert!(
-        wait_until(Duration::from_secs(20), || {
-            pg.query_retrying("SELECT state FROM outbox_workers")
-                .first()
-                .map(|r| r.get::<_, String>(0))
-                == Some("idle".into())
-        }),
-        "the worker did not become idle"
-    );
-    let pid = pg.worker_pids()[0];
-    let published_before = redis.xlen(stream);
-    let mut writer = pg.connect();
-    writer.batch_execute("BEGIN").unwrap();
-    let ids = enqueue_many(&mut writer, stream, n);
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let port = pg.port;
-    // The partitions that hold the events (runs of 65,536 ids go round 16 of them): the relay
-    // marks each partition's rows through the partition.
-    let mut partitions: Vec<String> = ids
-        .iter()
-        .map(|id| format!("outbox_{:02}", (id / 65_536) % 16))
-        .collect();
-    partitions.dedup();
-    let lock = format!("BEGIN; LOCK TABLE {} IN SHARE MODE", partitions.join(", "));
-    let locker = std::thread::spawn(move || {
-        let conninfo = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
-        let mut client = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
-        let _ = client.batch_execute(&lock);
-        let _ = released.recv();
-    });
-    assert!(wait_until(Duration::from_secs(10), || {
-        let waiting = pg.query_retrying(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'BEGIN; LOCK TABLE%' AND wait_event_type = 'Lock'",
-        );
-        waiting[0].get::<_, i64>(0) == 1
-    }));
-    writer.batch_execute("COMMIT").unwrap();
-    let held = wait_until(Duration::from_secs(10), || {
-        let waiting = pg.query_retrying(&format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid} AND wait_event_type = 'Lock'"
-        ));
-        waiting[0].get::<_, i64>(0) == 1 && redis.xlen(stream) > published_before
-    });
-    assert!(
-        held,
-        "the worker was not caught between publishing and marking"
-    );
-    before_kill();
-    pg.kill9(pid);
-    let _ = release.send(());
-    locker.join().unwrap();
-    pg.wait_for_workers(1);
-    ids
-}
-
 /// Five kills, each between publishing a batch and marking it, then one at a random moment of
 /// a 20,000-event drain. Returns the published ids and the enqueued ones.
 fn drain_with_kills(dedupe: &str) -> (Vec<i64>, BTreeSet<i64>, Redis) {
@@ -124,7 +55,7 @@ fn drain_with_kills(dedupe: &str) -> (Vec<i64>, BTreeSet<i64>, Redis) {
     for _ in 0..5 {
         expected.extend(kill_between_publish_and_mark(
             &pg,
-            &redis,
+            || redis.xlen("drain"),
             "drain",
             2_000,
             || {},
@@ -244,42 +175,48 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
     let pg = Pg::relaying_to(&redis, &[("outbox.dedupe_ttl", "1h")]);
     pg.with_extension();
     pg.wait_for_workers(1);
-    let ids = kill_between_publish_and_mark(&pg, &redis, "crash", 10, || {
-        // Ten consecutive ids: one or two hashes of 64 ids each.
-        let sets = marker_sets(&redis);
-        assert!((1..=2).contains(&sets.len()), "marker hashes: {sets:?}");
-        let mut recorded: HashMap<String, String> = HashMap::new();
-        for (key, _, ttl) in &sets {
-            // The hash tag puts the markers in the stream's Redis Cluster slot.
-            assert!(key.ends_with(":{crash}"), "{key}");
-            assert!(
-                (3590..=7200).contains(ttl),
-                "{key} expires in {ttl}s, not within one to two outbox.dedupe_ttl"
+    let ids = kill_between_publish_and_mark(
+        &pg,
+        || redis.xlen("crash"),
+        "crash",
+        10,
+        || {
+            // Ten consecutive ids: one or two hashes of 64 ids each.
+            let sets = marker_sets(&redis);
+            assert!((1..=2).contains(&sets.len()), "marker hashes: {sets:?}");
+            let mut recorded: HashMap<String, String> = HashMap::new();
+            for (key, _, ttl) in &sets {
+                // The hash tag puts the markers in the stream's Redis Cluster slot.
+                assert!(key.ends_with(":{crash}"), "{key}");
+                assert!(
+                    (3590..=7200).contains(ttl),
+                    "{key} expires in {ttl}s, not within one to two outbox.dedupe_ttl"
+                );
+                // Each marker records the entry its event became, and the event's created_at.
+                let markers: HashMap<String, String> = redis::cmd("HGETALL")
+                    .arg(key)
+                    .query(&mut redis.conn())
+                    .unwrap();
+                recorded.extend(markers);
+            }
+            assert_eq!(
+                recorded.len(),
+                10,
+                "one marker per published, unmarked event"
             );
-            // Each marker records the entry its event became, and the event's created_at.
-            let markers: HashMap<String, String> = redis::cmd("HGETALL")
-                .arg(key)
-                .query(&mut redis.conn())
-                .unwrap();
-            recorded.extend(markers);
-        }
-        assert_eq!(
-            recorded.len(),
-            10,
-            "one marker per published, unmarked event"
-        );
-        let entries: HashMap<String, String> = redis
-            .entries("crash")
-            .into_iter()
-            .map(|(entry, fields)| {
-                (
-                    fields["id"].clone(),
-                    format!("{entry}|{}", fields["created_at"]),
-                )
-            })
-            .collect();
-        assert_eq!(recorded, entries, "markers and entries differ");
-    });
+            let entries: HashMap<String, String> = redis
+                .entries("crash")
+                .into_iter()
+                .map(|(entry, fields)| {
+                    (
+                        fields["id"].clone(),
+                        format!("{entry}|{}", fields["created_at"]),
+                    )
+                })
+                .collect();
+            assert_eq!(recorded, entries, "markers and entries differ");
+        },
+    );
     assert_eq!(redis.xlen("crash"), 10);
     assert!(
         wait_until(Duration::from_secs(20), || pg.pending() == 0),

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::topology::{tls_conn, tls_server, Certificates, Cluster, Sentinels};
-use common::{enqueue_many, wait_until, Client, Pg};
+use common::{enqueue_many, kill_between_publish_and_mark, wait_until, Client, Pg};
 
 /// The state and last error of the only relay worker.
 fn worker_state(pg: &Pg) -> (String, Option<String>) {
@@ -419,4 +419,105 @@ fn the_readme_minimal_cluster_user_publishes_with_and_without_dedupe() {
         .collect();
     assert_eq!(check_streams(&prefixed, |s| cluster.ids(s)), 0);
     assert!(!pg.log().contains("NOPERM"), "the worker met a refusal");
+}
+
+/// Exactly once on a cluster: the worker is killed between publishing a batch and marking it,
+/// three times per stream, for streams whose keys carry hash tags of their own, braces without
+/// a tag, and none. The killed batches were in Redis and unmarked, so the next worker publishes
+/// them again; only their markers, in their streams' slots, keep them from being added twice.
+#[test]
+fn on_a_cluster_markers_absorb_the_batches_of_killed_workers() {
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_mode", "cluster"),
+        ("outbox.batch_size", "100"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut expected: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for stream in ["plain", "{tenant-7}:orders", "a}b{", "x{}y"] {
+        for _ in 0..3 {
+            let ids =
+                kill_between_publish_and_mark(&pg, || cluster.xlen(stream), stream, 300, || {});
+            expected.entry(stream.to_string()).or_default().extend(ids);
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(60), || pg.pending() == 0),
+        "backlog not drained: {:?}",
+        worker_state(&pg)
+    );
+    let twice = check_streams(&expected, |s| cluster.ids(s));
+    assert_eq!(twice, 0, "a killed worker's batch was added twice");
+}
+
+/// A primary demoted under the relay (`SENTINEL FAILOVER`) answers its writes with READONLY:
+/// the relay asks the sentinels again and goes on with the new primary, and no event is charged
+/// for it.
+#[test]
+fn a_demoted_primary_sends_the_relay_back_to_the_sentinels() {
+    let redis = Sentinels::start();
+    let urls = redis.urls();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_mode", "sentinel"),
+        ("outbox.redis_sentinel_master", Sentinels::MASTER),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut expected = BTreeMap::new();
+    enqueue_spread(&mut client, 0, 500, 1, &mut expected);
+    assert!(wait_until(Duration::from_secs(20), || pg.pending() == 0));
+    let _: () = redis.sentinels[0]
+        .query(
+            redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(Sentinels::MASTER),
+        )
+        .unwrap();
+    let new_primary = redis.replica.port;
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            redis.primary_port() == Some(new_primary)
+                && redis
+                    .primary
+                    .query::<Vec<redis::Value>>(&redis::cmd("ROLE"))
+                    .is_ok_and(|r| r.first() == Some(&redis::Value::BulkString(b"slave".to_vec())))
+        }),
+        "the sentinels did not swap the primary and its replica"
+    );
+    for round in 1..6 {
+        enqueue_spread(&mut client, round * 500, 500, 1, &mut expected);
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        wait_until(Duration::from_secs(60), || pg.pending() == 0),
+        "the relay did not follow the new primary: {:?}",
+        worker_state(&pg)
+    );
+    let twice = check_streams(&expected, |stream| {
+        let reply: Vec<(String, Vec<String>)> = redis
+            .replica
+            .query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"))
+            .unwrap();
+        reply
+            .into_iter()
+            .map(|(_, f)| {
+                f[f.iter().position(|x| x == "id").unwrap() + 1]
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    });
+    assert_eq!(twice, 0);
+    let charged: i64 = client
+        .query_one("SELECT count(*) FROM outbox WHERE attempts > 0", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(charged, 0, "events were charged for a demoted primary");
+    eprintln!("the relay's log:\n{}", relay_log(&pg).join("\n"));
 }

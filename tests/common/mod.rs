@@ -594,3 +594,72 @@ pub fn sqlstate(error: &postgres::Error) -> String {
         .map(|c| c.code().to_string())
         .unwrap_or_else(|| format!("no SQLSTATE: {error}"))
 }
+
+/// Commits `n` events on `stream` and kills the worker with SIGKILL after it has published the
+/// first batch and before it could mark it: a SHARE lock on the events' partitions, queued
+/// behind the committing writer, holds back the mark (ROW EXCLUSIVE) but not the claim (ROW
+/// SHARE). `published` counts the stream's entries; `before_kill` looks at that moment. Returns
+/// the ids.
+pub fn kill_between_publish_and_mark(
+    pg: &Pg,
+    published: impl Fn() -> usize,
+    stream: &str,
+    n: i64,
+    before_kill: impl FnOnce(),
+) -> Vec<i64> {
+    // A worker that has found the extension has prepared its statements (which takes the locks
+    // a mark needs), so the lock below catches it in a mark, not in its preparation.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            pg.query_retrying("SELECT state FROM outbox_workers")
+                .first()
+                .map(|r| r.get::<_, String>(0))
+                == Some("idle".into())
+        }),
+        "the worker did not become idle"
+    );
+    let pid = pg.worker_pids()[0];
+    let published_before = published();
+    let mut writer = pg.connect();
+    writer.batch_execute("BEGIN").unwrap();
+    let ids = enqueue_many(&mut writer, stream, n);
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let port = pg.port;
+    // The partitions that hold the events (runs of 65,536 ids go round 16 of them): the relay
+    // marks each partition's rows through the partition.
+    let mut partitions: Vec<String> = ids
+        .iter()
+        .map(|id| format!("outbox_{:02}", (id / 65_536) % 16))
+        .collect();
+    partitions.dedup();
+    let lock = format!("BEGIN; LOCK TABLE {} IN SHARE MODE", partitions.join(", "));
+    let locker = std::thread::spawn(move || {
+        let conninfo = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+        let mut client = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+        let _ = client.batch_execute(&lock);
+        let _ = released.recv();
+    });
+    assert!(wait_until(Duration::from_secs(10), || {
+        let waiting = pg.query_retrying(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'BEGIN; LOCK TABLE%' AND wait_event_type = 'Lock'",
+        );
+        waiting[0].get::<_, i64>(0) == 1
+    }));
+    writer.batch_execute("COMMIT").unwrap();
+    let held = wait_until(Duration::from_secs(10), || {
+        let waiting = pg.query_retrying(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid} AND wait_event_type = 'Lock'"
+        ));
+        waiting[0].get::<_, i64>(0) == 1 && published() > published_before
+    });
+    assert!(
+        held,
+        "the worker was not caught between publishing and marking"
+    );
+    before_kill();
+    pg.kill9(pid);
+    let _ = release.send(());
+    locker.join().unwrap();
+    pg.wait_for_workers(1);
+    ids
+}
