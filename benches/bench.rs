@@ -16,6 +16,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::topology::Cluster;
 use common::{bindir, wait_until, Client, Pg, Redis};
 
 /// Repetitions of the relay throughput cases, the noisiest figures.
@@ -224,6 +225,88 @@ fn drain_seconds(pg: &Pg, redis: &Redis, stream: &str, n: i64, fresh: bool) -> f
         .query::<i64>(&mut redis.conn());
     assert!(wait_until(Duration::from_secs(60), || pg.pending() == 0));
     took
+}
+
+/// Commits `n` events spread over `topics` topics in one transaction, then times until the
+/// relay has marked them all.
+fn drain_spread_seconds(pg: &Pg, n: i64, topics: i64) -> f64 {
+    let mut client = pg.connect();
+    fresh_table(&mut client);
+    client
+        .batch_execute("SET outbox.notify_channel = ''")
+        .unwrap();
+    client
+        .execute(
+            "SELECT outbox_enqueue('t' || (g % $2), jsonb_build_object('account_id', g, 'email', 'user' || g || '@example.com')) \
+             FROM generate_series(1::bigint, $1) g",
+            &[&n, &topics],
+        )
+        .unwrap();
+    let committed = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(600), || pg.pending() == 0),
+        "the backlog did not drain"
+    );
+    committed.elapsed().as_secs_f64()
+}
+
+/// The relay against a Redis Cluster beside the single node, alternating: the same backlog over
+/// 50 topics (so that it spreads over the cluster's slots), batch 1000, dedupe on.
+fn cluster_relay(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+    let n = BACKLOG / 2;
+    println!("7. relay to a Redis Cluster ({n} events over 50 topics)");
+    let cluster = Cluster::start(3);
+    let (single, seeds) = (redis.url(), cluster.urls());
+    let mut runs: HashMap<&str, Vec<f64>> = HashMap::new();
+    for rep in 0..RELAY_REPS {
+        let order = if rep % 2 == 0 {
+            ["one node", "cluster"]
+        } else {
+            ["cluster", "one node"]
+        };
+        for side in order {
+            let (url, mode) = if side == "cluster" {
+                (seeds.as_str(), "cluster")
+            } else {
+                (single.as_str(), "standalone")
+            };
+            let expect = format!("redis_mode={mode} ");
+            set_and_wait(
+                pg,
+                &[
+                    ("outbox.redis_url", url),
+                    ("outbox.redis_mode", mode),
+                    ("outbox.batch_size", "1000"),
+                    ("outbox.dedupe", "on"),
+                ],
+                &[&expect, "batch_size=1000 ", "dedupe=on "],
+            );
+            let secs = drain_spread_seconds(pg, n, 50);
+            runs.entry(side).or_default().push(n as f64 / secs);
+            // Empty the streams for the next run: replicas refuse FLUSHALL, primaries take it.
+            let _ = redis::cmd("FLUSHALL").query::<()>(&mut redis.conn());
+            for node in &cluster.nodes {
+                let _ = node.query::<()>(&redis::cmd("FLUSHALL"));
+            }
+        }
+    }
+    let on_cluster = median(runs["cluster"].clone());
+    let on_one = median(runs["one node"].clone());
+    report.row(
+        "relay to a Redis Cluster, batch 1000, dedupe on, 50 topics",
+        format!("{on_cluster:.0} events/s (3 primaries, each with a replica)"),
+        format!("{on_one:.0} events/s (one node)"),
+        format!("{:.3}", paired_ratio(&runs["cluster"], &runs["one node"])),
+        "",
+    );
+    set_and_wait(
+        pg,
+        &[
+            ("outbox.redis_url", single.as_str()),
+            ("outbox.redis_mode", "standalone"),
+        ],
+        &["redis_mode=standalone "],
+    );
 }
 
 /// Changes settings and waits until the worker's latest configuration line shows `expect`.
@@ -922,7 +1005,7 @@ fn main() {
         .unwrap()
         .get(0);
 
-    // BENCH_ONLY=write,relay,latency,history,worker,soak runs a subset while tuning.
+    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster runs a subset while tuning.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     if wanted("write") {
@@ -948,6 +1031,9 @@ fn main() {
     }
     if wanted("soak") {
         soak(&mut pg, &redis, &mut report);
+    }
+    if wanted("cluster") {
+        cluster_relay(&mut pg, &redis, &mut report);
     }
 
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
