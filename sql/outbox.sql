@@ -145,10 +145,16 @@ CREATE FUNCTION @extschema@._outbox_last_published_at() RETURNS timestamptz
     LANGUAGE c VOLATILE
     AS 'MODULE_PATHNAME', '_outbox_last_published_at_wrapper';
 
+CREATE FUNCTION @extschema@._outbox_slot_database(slot int) RETURNS text
+    LANGUAGE c VOLATILE STRICT
+    AS 'MODULE_PATHNAME', '_outbox_slot_database_wrapper';
+
 CREATE VIEW @extschema@.outbox_workers AS
-    SELECT slot, pid, state, published, last_batch_at, last_error, last_error_at
+    SELECT slot, pid, state, published, last_batch_at, last_error, last_error_at,
+           @extschema@._outbox_slot_database(slot) AS database
     FROM @extschema@._outbox_worker_slots();
-COMMENT ON VIEW @extschema@.outbox_workers IS 'One row per relay worker slot, from shared memory.';
+COMMENT ON VIEW @extschema@.outbox_workers IS
+    'One row per relay worker slot, from shared memory: the workers of every database relayed.';
 
 CREATE VIEW @extschema@.outbox_status AS
     SELECT
@@ -164,7 +170,9 @@ CREATE VIEW @extschema@.outbox_status AS
             AS oldest_pending_age,
         (SELECT count(*) FROM @extschema@.outbox_dead) AS dead,
         @extschema@._outbox_last_published_at() AS last_published_at,
-        (SELECT count(*)::int FROM @extschema@._outbox_worker_slots() w WHERE w.pid IS NOT NULL)
+        (SELECT count(*)::int FROM @extschema@._outbox_worker_slots() w
+            WHERE w.pid IS NOT NULL
+              AND @extschema@._outbox_slot_database(w.slot) OPERATOR(pg_catalog.=) pg_catalog.current_database()::text)
             AS workers_running;
 COMMENT ON VIEW @extschema@.outbox_status IS 'Backlog and health of the outbox, in one row.';
 

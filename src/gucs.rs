@@ -15,7 +15,7 @@ use crate::redis_url;
 /// Most relay workers one server can run; sizes the shared-memory slot array.
 pub const MAX_WORKERS: i32 = 32;
 
-/// Database the relay workers connect to.
+/// Databases the relay works in: one, a list, or `*`.
 static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 /// Number of relay workers started by the postmaster.
@@ -87,17 +87,9 @@ pub fn init() {
 }
 
 fn init_restart_only() {
-    GucRegistry::define_string_guc(
-        c"outbox.database",
-        c"Database the outbox relay workers connect to.",
-        c"CREATE EXTENSION outbox must be run in this database.",
-        &DATABASE,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
     GucRegistry::define_int_guc(
         c"outbox.workers",
-        c"Number of outbox relay workers; 0 disables relaying.",
+        c"Number of outbox relay workers per database; 0 disables relaying.",
         c"Several workers claim disjoint batches with FOR UPDATE SKIP LOCKED.",
         &WORKERS,
         0,
@@ -108,8 +100,19 @@ fn init_restart_only() {
 }
 
 fn init_reloadable() {
-    // SAFETY: the check hook is a #[pg_guard] function that only reads its arguments.
+    // SAFETY: the check hooks are #[pg_guard] functions that only read their arguments.
     unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.database",
+            c"Databases the outbox relay works in: a name, a comma-separated list, or * for every database with the extension.",
+            c"CREATE EXTENSION outbox must be run in each of them.",
+            &DATABASE,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_database),
+            None,
+            None,
+        );
         GucRegistry::define_string_guc_with_hooks(
             c"outbox.redis_url",
             c"Redis the outbox relay publishes to: one redis:// or rediss:// URL, or a comma-separated list (cluster seed nodes, or sentinels).",
@@ -429,6 +432,23 @@ unsafe extern "C-unwind" fn check_redis_url(
     let value = unsafe { candidate(newval) }.unwrap_or("");
     match redis_url::validate(value) {
         Ok(()) => true,
+        Err(why) => {
+            check_detail(&why);
+            false
+        }
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_database(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    let value = unsafe { candidate(newval) }.unwrap_or("");
+    match crate::databases::Selection::parse(value) {
+        Ok(_) => true,
         Err(why) => {
             check_detail(&why);
             false

@@ -10,6 +10,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 mod backend;
 mod compat;
+mod databases;
 mod enqueue;
 mod gucs;
 mod insert;
@@ -18,6 +19,8 @@ mod relay;
 mod ring;
 mod shmem;
 mod status;
+#[cfg(not(feature = "pg13"))]
+mod step_aside;
 mod wake;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -50,5 +53,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     compat::reserve_guc_prefix();
     shmem::init();
+    #[cfg(not(feature = "pg13"))]
+    step_aside::init();
     relay::register_workers();
 }

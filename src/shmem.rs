@@ -61,6 +61,8 @@ impl WorkerState {
 
 #[repr(C)]
 pub struct WorkerSlot {
+    /// The database the slot's worker relays for (its OID), 0 while the slot is unassigned.
+    database: AtomicU32,
     pid: AtomicI32,
     latch: AtomicPtr<pg_sys::Latch>,
     state: AtomicU8,
@@ -90,6 +92,7 @@ pub fn time_or_null(value: i64) -> Option<i64> {
 impl WorkerSlot {
     fn new() -> WorkerSlot {
         WorkerSlot {
+            database: AtomicU32::new(0),
             pid: AtomicI32::new(0),
             latch: AtomicPtr::new(std::ptr::null_mut()),
             state: AtomicU8::new(WorkerState::Stopped as u8),
@@ -111,6 +114,22 @@ impl WorkerSlot {
             .store(WorkerState::Starting as u8, Ordering::Relaxed);
         self.latch.store(latch, Ordering::Release);
         self.pid.store(pid, Ordering::Release);
+    }
+
+    /// Assigns the slot to a database (0 frees it); the launcher does, before it starts the
+    /// slot's worker.
+    pub fn assign(&self, database: u32) {
+        self.database.store(database, Ordering::Release);
+    }
+
+    /// The database the slot is assigned to, 0 if none.
+    pub fn database(&self) -> u32 {
+        self.database.load(Ordering::Acquire)
+    }
+
+    /// The pid of the slot's running worker, 0 if none.
+    pub fn pid(&self) -> i32 {
+        self.pid.load(Ordering::Acquire)
     }
 
     /// Called on the worker's way out, however it exits.
@@ -202,39 +221,56 @@ fn truncate(text: &str, max: usize) -> &[u8] {
     &text.as_bytes()[..end]
 }
 
+/// What the workers of one database share: the pruning and emptying turns, each partition's
+/// last mark, when they last published, and whether the launcher must leave the database alone.
 #[repr(C)]
-pub struct Shared {
-    slots: [WorkerSlot; MAX_WORKERS as usize],
-    /// When any worker last marked a batch published.
+pub struct DatabaseShare {
+    /// The database's OID; 0 while the entry is free.
+    oid: AtomicU32,
+    /// When any of its workers last marked a batch published.
     last_published_at: AtomicI64,
     /// Earliest time the next pruning round may start; claimed by compare-and-swap.
     next_prune_at: AtomicI64,
     /// Earliest time the next look for partitions to empty may start, claimed likewise.
     next_truncate_at: AtomicI64,
     /// For each partition of the ring, when a batch with rows in it was last marked published
-    /// (at the latest the server's start): every row in it was published no later than that.
+    /// (at the latest when the entry was taken): every row in it was published no later than
+    /// that.
     leaves_marked_at: [AtomicI64; LEAVES],
+    /// Until when no worker may run in the database: a `DROP DATABASE` or a rename is waiting
+    /// for them to leave.
+    paused_until: AtomicI64,
+    /// Until when the launcher need not look again: the extension was not found there.
+    absent_until: AtomicI64,
 }
 
-impl Shared {
-    fn new() -> Shared {
-        Shared {
-            slots: std::array::from_fn(|_| WorkerSlot::new()),
+impl DatabaseShare {
+    fn new() -> DatabaseShare {
+        DatabaseShare {
+            oid: AtomicU32::new(0),
             last_published_at: AtomicI64::new(NO_TIME),
             next_prune_at: AtomicI64::new(0),
             next_truncate_at: AtomicI64::new(0),
             leaves_marked_at: std::array::from_fn(|_| AtomicI64::new(0)),
+            paused_until: AtomicI64::new(0),
+            absent_until: AtomicI64::new(0),
         }
     }
 
-    /// The slot of worker `index` (clamped to the slots there are).
-    pub fn slot(&self, index: usize) -> &WorkerSlot {
-        &self.slots[index.min(self.slots.len() - 1)]
+    /// Resets the entry for a database taken at `now`.
+    fn reset(&self, now: i64) {
+        self.last_published_at.store(NO_TIME, Ordering::Relaxed);
+        self.next_prune_at.store(0, Ordering::Relaxed);
+        self.next_truncate_at.store(0, Ordering::Relaxed);
+        for marked_at in &self.leaves_marked_at {
+            marked_at.store(now, Ordering::Relaxed);
+        }
+        self.paused_until.store(0, Ordering::Relaxed);
+        self.absent_until.store(0, Ordering::Relaxed);
     }
 
-    /// The first `count` slots, those of the configured workers.
-    pub fn slots(&self, count: usize) -> &[WorkerSlot] {
-        &self.slots[..count.min(self.slots.len())]
+    pub fn oid(&self) -> u32 {
+        self.oid.load(Ordering::Acquire)
     }
 
     /// Records that a worker marked a batch published at `at`.
@@ -242,7 +278,7 @@ impl Shared {
         self.last_published_at.fetch_max(at, Ordering::Relaxed);
     }
 
-    /// When any worker last marked a batch published, since the server started.
+    /// When a worker of the database last marked a batch published, since the entry was taken.
     pub fn last_published_at(&self) -> Option<i64> {
         time_or_null(self.last_published_at.load(Ordering::Relaxed))
     }
@@ -253,7 +289,8 @@ impl Shared {
         claim_turn(&self.next_prune_at, now, every)
     }
 
-    /// Claims the next look for partitions to empty, as [`Shared::claim_prune_turn`] does.
+    /// Claims the next look for partitions to empty, as [`DatabaseShare::claim_prune_turn`]
+    /// does.
     pub fn claim_truncate_turn(&self, now: i64, every: Duration) -> bool {
         claim_turn(&self.next_truncate_at, now, every)
     }
@@ -273,9 +310,93 @@ impl Shared {
         self.leaves_marked_at[leaf].load(Ordering::Relaxed)
     }
 
-    /// Sets every running worker's latch.
-    pub fn wake_all(&self) {
-        for slot in &self.slots {
+    /// Keeps workers out of the database until `until`.
+    pub fn pause_until(&self, until: i64) {
+        self.paused_until.store(until, Ordering::Release);
+    }
+
+    pub fn is_paused(&self, now: i64) -> bool {
+        now < self.paused_until.load(Ordering::Acquire)
+    }
+
+    /// Notes that the extension is missing; the launcher looks again after `until`.
+    pub fn absent_until(&self, until: i64) {
+        self.absent_until.store(until, Ordering::Release);
+    }
+
+    pub fn is_absent(&self, now: i64) -> bool {
+        now < self.absent_until.load(Ordering::Acquire)
+    }
+}
+
+#[repr(C)]
+pub struct Shared {
+    slots: [WorkerSlot; MAX_WORKERS as usize],
+    /// One entry per database relayed since the server started (or since the entry was freed).
+    databases: [DatabaseShare; MAX_WORKERS as usize],
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            slots: std::array::from_fn(|_| WorkerSlot::new()),
+            databases: std::array::from_fn(|_| DatabaseShare::new()),
+        }
+    }
+
+    /// The slot of worker `index` (clamped to the slots there are).
+    pub fn slot(&self, index: usize) -> &WorkerSlot {
+        &self.slots[index.min(self.slots.len() - 1)]
+    }
+
+    /// Every slot.
+    pub fn all_slots(&self) -> &[WorkerSlot] {
+        &self.slots
+    }
+
+    /// The entry of database `oid`, if it has one.
+    pub fn database(&self, oid: u32) -> Option<&DatabaseShare> {
+        (oid != 0)
+            .then(|| self.databases.iter().find(|d| d.oid() == oid))
+            .flatten()
+    }
+
+    /// The entry of database `oid`, taking a free one (reset as of `now`) if it has none;
+    /// `None` when every entry is taken.
+    pub fn database_or_take(&self, oid: u32, now: i64) -> Option<&DatabaseShare> {
+        if let Some(found) = self.database(oid) {
+            return Some(found);
+        }
+        for entry in &self.databases {
+            if entry.oid() == 0 {
+                entry.reset(now);
+                if entry
+                    .oid
+                    .compare_exchange(0, oid, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return Some(entry);
+                }
+            }
+        }
+        // Another process took the same database at the same moment.
+        self.database(oid)
+    }
+
+    /// Frees the entries of databases not in `keep` that no slot is assigned to.
+    pub fn release_databases(&self, keep: &[u32]) {
+        for entry in &self.databases {
+            let oid = entry.oid();
+            let in_use = self.slots.iter().any(|s| s.database() == oid);
+            if oid != 0 && !keep.contains(&oid) && !in_use {
+                entry.oid.store(0, Ordering::Release);
+            }
+        }
+    }
+
+    /// Sets the latch of every running worker of database `oid`.
+    pub fn wake_database(&self, oid: u32) {
+        for slot in self.slots.iter().filter(|s| s.database() == oid) {
             slot.wake();
         }
     }
@@ -339,9 +460,9 @@ unsafe extern "C-unwind" fn startup_shmem() {
         )
         .cast::<Shared>();
         if !found {
+            // A database's entry is reset when a worker takes it: rows published before then
+            // were published before its marks.
             area.write(Shared::new());
-            // Rows published before the server started were published before now.
-            (*area).record_marked(u32::MAX, pg_sys::GetCurrentTimestamp());
         }
         SHARED.store(area, Ordering::Release);
         pg_sys::LWLockRelease(lock);
@@ -378,7 +499,7 @@ mod tests {
 
     #[test]
     fn one_worker_wins_each_pruning_turn() {
-        let shared = Shared::new();
+        let shared = DatabaseShare::new();
         let minute = Duration::from_secs(60);
         assert!(shared.claim_prune_turn(1_000, minute));
         assert!(
@@ -391,7 +512,7 @@ mod tests {
 
     #[test]
     fn marks_move_each_partition_forward_on_its_own() {
-        let shared = Shared::new();
+        let shared = DatabaseShare::new();
         shared.record_marked(u32::MAX, 5);
         shared.record_marked(0b101, 30);
         shared.record_marked(0b001, 20);
@@ -403,7 +524,7 @@ mod tests {
 
     #[test]
     fn one_caller_wins_each_truncate_turn() {
-        let shared = Shared::new();
+        let shared = DatabaseShare::new();
         let every = Duration::from_micros(100);
         assert!(shared.claim_truncate_turn(1_000, every));
         assert!(!shared.claim_truncate_turn(1_050, every));
@@ -412,10 +533,60 @@ mod tests {
 
     #[test]
     fn the_last_publication_only_moves_forward() {
-        let shared = Shared::new();
+        let shared = DatabaseShare::new();
         assert_eq!(shared.last_published_at(), None);
         shared.record_published(20);
         shared.record_published(10);
         assert_eq!(shared.last_published_at(), Some(20));
+    }
+
+    #[test]
+    fn each_database_gets_an_entry_of_its_own_until_it_is_released() {
+        let shared = Box::new(Shared::new());
+        let a = shared.database_or_take(100, 7).unwrap();
+        assert_eq!(
+            a.leaf_marked_at(3),
+            7,
+            "a new entry's marks start when it is taken"
+        );
+        a.record_marked(u32::MAX, 50);
+        let b = shared.database_or_take(200, 9).unwrap();
+        assert_eq!(
+            b.leaf_marked_at(3),
+            9,
+            "another database's marks are its own"
+        );
+        assert_eq!(shared.database(100).unwrap().leaf_marked_at(3), 50);
+        assert!(shared.database(300).is_none());
+        assert!(shared.database(0).is_none());
+        shared.slot(4).assign(200);
+        shared.release_databases(&[]);
+        assert!(
+            shared.database(100).is_none(),
+            "a database nobody relays is released"
+        );
+        assert!(
+            shared.database(200).is_some(),
+            "a database with a slot is kept"
+        );
+        for oid in 1000..1000 + MAX_WORKERS as u32 - 1 {
+            assert!(shared.database_or_take(oid, 1).is_some());
+        }
+        assert!(
+            shared.database_or_take(5, 1).is_none(),
+            "every entry is taken"
+        );
+    }
+
+    #[test]
+    fn a_pause_and_an_absence_end_on_time() {
+        let entry = DatabaseShare::new();
+        assert!(!entry.is_paused(10));
+        entry.pause_until(100);
+        assert!(entry.is_paused(99));
+        assert!(!entry.is_paused(100));
+        entry.absent_until(50);
+        assert!(entry.is_absent(49));
+        assert!(!entry.is_absent(50));
     }
 }

@@ -4,14 +4,14 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
-use crate::gucs;
 use crate::shmem::{self, WorkerState};
 
 fn timestamp(value: Option<i64>) -> Option<TimestampWithTimeZone> {
     value.and_then(|v| TimestampWithTimeZone::try_from(v).ok())
 }
 
-/// One row per configured worker slot; declared in `sql/outbox.sql`.
+/// One row per worker slot the launcher assigned to a database, whichever; declared in
+/// `sql/outbox.sql`.
 #[pg_extern(sql = false)]
 #[allow(clippy::type_complexity)]
 fn _outbox_worker_slots() -> TableIterator<
@@ -29,9 +29,10 @@ fn _outbox_worker_slots() -> TableIterator<
     let rows: Vec<_> = match shmem::shared() {
         None => Vec::new(),
         Some(shared) => shared
-            .slots(gucs::workers())
+            .all_slots()
             .iter()
             .enumerate()
+            .filter(|(_, slot)| slot.database() != 0)
             .map(|(index, slot)| {
                 let s = slot.snapshot();
                 let running = s.pid != 0;
@@ -56,8 +57,26 @@ fn _outbox_worker_slots() -> TableIterator<
     TableIterator::new(rows)
 }
 
-/// When any worker last marked a batch published, since the server started.
+/// When a worker of this database last marked a batch published, since the server started.
 #[pg_extern(sql = false)]
 fn _outbox_last_published_at() -> Option<TimestampWithTimeZone> {
-    timestamp(shmem::shared()?.last_published_at())
+    // SAFETY: reads this backend's database.
+    let database = unsafe { pgrx::pg_sys::MyDatabaseId.to_u32() };
+    timestamp(shmem::shared()?.database(database)?.last_published_at())
+}
+
+/// The name of the database slot `slot` is assigned to; NULL if none (or it was dropped).
+#[pg_extern(sql = false)]
+fn _outbox_slot_database(slot: i32) -> Option<String> {
+    let shared = shmem::shared()?;
+    let index = usize::try_from(slot).ok()?;
+    let database = shared.all_slots().get(index)?.database();
+    if database == 0 {
+        return None;
+    }
+    // SAFETY: a catalog lookup by OID, inside the caller's transaction.
+    unsafe {
+        let raw = pgrx::pg_sys::get_database_name(pgrx::pg_sys::Oid::from(database));
+        (!raw.is_null()).then(|| std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned())
+    }
 }

@@ -43,7 +43,8 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT if WAKE_PENDING.get().get() => {
             WAKE_PENDING.get().set(false);
             if let Some(shared) = shmem::shared() {
-                shared.wake_all();
+                // SAFETY: reads this backend's database.
+                shared.wake_database(unsafe { pg_sys::MyDatabaseId.to_u32() });
             }
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {

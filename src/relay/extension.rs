@@ -7,7 +7,6 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::claim::{self, Statements};
-use crate::gucs;
 
 /// How long the worker trusts its last look-up of the extension while it is relaying.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -59,9 +58,8 @@ impl Extension {
                     log!(
                         "outbox relay {index}: the extension's objects are at version {version}, \
                          this library relays version {}; run ALTER EXTENSION outbox UPDATE in \
-                         database {}",
+                         this database",
                         env!("CARGO_PKG_VERSION"),
-                        gucs::database()
                     );
                     self.outdated_version = Some(version);
                 }

@@ -14,6 +14,7 @@ mod claim;
 mod connection;
 pub mod encode;
 mod extension;
+pub mod launcher;
 mod link;
 mod pipeline;
 mod prune;
@@ -26,12 +27,13 @@ mod worker;
 
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime};
+use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use crate::databases::Selection;
 use crate::gucs;
-use crate::shmem::{Shared, WorkerSlot, WorkerState};
+use crate::shmem::{DatabaseShare, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use extension::Extension;
 use publish::Publisher;
@@ -39,37 +41,40 @@ use retry::RetrySchedule;
 use settings::Settings;
 use worker::{in_transaction, End};
 
-/// Restart delay after a worker exits with an error (or is terminated).
-const RESTART_AFTER: Duration = Duration::from_secs(1);
-
-/// Registers the relay workers; called from `_PG_init` while preloading.
+/// Registers the launcher, which starts the relay workers; called from `_PG_init` while
+/// preloading.
 pub fn register_workers() {
-    for slot in 0..gucs::workers() {
-        BackgroundWorkerBuilder::new(&format!("outbox relay {slot}"))
-            .set_type("outbox relay")
-            .set_library("outbox")
-            .set_function("outbox_relay_main")
-            .set_argument((slot as i32).into_datum())
-            .enable_spi_access()
-            // Starting at consistent state lets a hot standby's worker wait for promotion.
-            .set_start_time(BgWorkerStartTime::ConsistentState)
-            .set_restart_time(Some(RESTART_AFTER))
-            .load();
+    if gucs::workers() > 0 {
+        launcher::register();
     }
 }
 
-/// Entry point of a relay worker.
+/// How long a worker that found no extension under `outbox.database = '*'` keeps the launcher
+/// from looking again.
+const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(3);
+
+/// Entry point of a relay worker, started by the launcher for slot `arg` in the database whose
+/// OID is the worker's extra.
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
-    // SAFETY: the postmaster passes the Int32 datum set by register_workers.
+    // SAFETY: the launcher passes the slot as an Int32 datum.
     let index = unsafe { i32::from_polymorphic_datum(arg, false, pg_sys::INT4OID) }
         .unwrap_or(0)
         .clamp(0, gucs::MAX_WORKERS - 1) as usize;
+    let database: u32 = BackgroundWorker::get_extra().parse().unwrap_or(0);
     let (shared, slot) = worker::attach(index);
+    let now = worker::now();
+    let Some(share) = shared.database_or_take(database, now) else {
+        log!("outbox relay {index}: every shared entry for databases is taken");
+        worker::exit();
+    };
+    if slot.database() != database || share.is_paused(now) {
+        worker::exit();
+    }
     session::pin_settings(&format!("outbox relay {index}"));
-    BackgroundWorker::connect_worker_to_spi(Some(&gucs::database()), None);
-    Relay::new(index, shared, slot).run();
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
+    Relay::new(index, share, slot).run();
 }
 
 /// What one pass of the loop found.
@@ -86,7 +91,10 @@ enum Pass {
 
 struct Relay {
     index: usize,
-    shared: &'static Shared,
+    /// What the workers of this database share.
+    share: &'static DatabaseShare,
+    /// This database's name.
+    database: String,
     slot: &'static WorkerSlot,
     settings: Settings,
     publisher: Publisher,
@@ -100,7 +108,7 @@ struct Relay {
 }
 
 impl Relay {
-    fn new(index: usize, shared: &'static Shared, slot: &'static WorkerSlot) -> Relay {
+    fn new(index: usize, share: &'static DatabaseShare, slot: &'static WorkerSlot) -> Relay {
         // SAFETY: plain reads of process globals, after the database connection is made.
         let namespace = unsafe {
             format!(
@@ -109,14 +117,27 @@ impl Relay {
                 pg_sys::MyDatabaseId.to_u32()
             )
         };
-        let settings = Settings::read(&namespace);
+        let database = in_transaction(|| {
+            // SAFETY: a catalog lookup of this process's own database, in a transaction.
+            let name = unsafe {
+                let raw = pg_sys::get_database_name(pg_sys::MyDatabaseId);
+                if raw.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned()
+                }
+            };
+            (name, End::Commit)
+        });
+        let settings = Settings::read(&namespace, &database);
         log!(
             "outbox relay {index} started: {}",
-            settings.describe(&gucs::database())
+            settings.describe(&database)
         );
         Relay {
             index,
-            shared,
+            share,
+            database,
             slot,
             publisher: Publisher::spawn(settings.target.clone()),
             settings,
@@ -132,16 +153,30 @@ impl Relay {
     fn run(&mut self) -> ! {
         loop {
             if worker::shutdown_requested() {
+                // Asked to stop by the launcher or a DROP DATABASE: say which, then go.
+                self.leave_if_unwanted();
                 self.exit();
             }
             self.reload_if_requested();
+            self.leave_if_unwanted();
             let pass = self.pass();
             if let (Some(retention), Some(_)) =
                 (self.settings.retention, self.extension.statements())
             {
                 let schema = self.extension.schema();
-                truncate::truncate_if_due(self.shared, retention, schema, self.index);
-                prune::prune_if_due(self.shared, retention, schema, self.index);
+                truncate::truncate_if_due(self.share, retention, schema, self.index);
+                prune::prune_if_due(self.share, retention, schema, self.index);
+            }
+            if matches!(pass, Pass::NoExtension) && !worker::in_recovery() {
+                let waits = Selection::parse(&gucs::database())
+                    .is_ok_and(|selection| selection.waits_for_extension());
+                if !waits {
+                    // Under '*', a database without the extension keeps no worker: the
+                    // launcher looks again in a few seconds.
+                    self.share
+                        .absent_until(worker::now() + LOOK_AGAIN_AFTER.as_micros() as i64);
+                    self.exit();
+                }
             }
             match pass {
                 Pass::Full => {}
@@ -166,16 +201,39 @@ impl Relay {
         worker::exit()
     }
 
+    /// Leaves when the launcher gave the slot away (the database is no longer selected) or the
+    /// database is paused for a `DROP DATABASE` or a rename.
+    fn leave_if_unwanted(&mut self) {
+        // SAFETY: reads this process's database.
+        let mine = unsafe { pg_sys::MyDatabaseId.to_u32() };
+        if self.slot.database() != mine {
+            log!(
+                "outbox relay {}: database {} is no longer in outbox.database; stopping",
+                self.index,
+                self.database
+            );
+            self.exit();
+        }
+        if self.share.is_paused(worker::now()) {
+            log!(
+                "outbox relay {}: leaving database {} for a DROP DATABASE or a rename",
+                self.index,
+                self.database
+            );
+            self.exit();
+        }
+    }
+
     fn reload_if_requested(&mut self) {
         if !worker::reload_configuration() {
             return;
         }
-        let settings = Settings::read(&self.settings.target.marker_namespace);
+        let settings = Settings::read(&self.settings.target.marker_namespace, &self.database);
         if settings != self.settings {
             log!(
                 "outbox relay {} reloaded: {}",
                 self.index,
-                settings.describe(&gucs::database())
+                settings.describe(&self.database)
             );
             if settings.target != self.settings.target {
                 self.publisher.configure(settings.target.clone());
@@ -209,7 +267,7 @@ impl Relay {
             if batch.end == End::Commit && batch.leaves != 0 {
                 // Before the commit that releases the rows' locks: whoever empties a partition
                 // takes its lock first, and then reads a time no earlier than its rows' marks.
-                self.shared.record_marked(batch.leaves, worker::now());
+                self.share.record_marked(batch.leaves, worker::now());
             }
             ((batch.pass, batch.published, batch.end), batch.end)
         });
@@ -218,7 +276,7 @@ impl Relay {
         if published > 0 {
             let at = worker::now();
             self.slot.record_batch(published, at);
-            self.shared.record_published(at);
+            self.share.record_published(at);
         }
         self.set_state(match pass {
             Pass::NoExtension => WorkerState::WaitingForExtension,
@@ -237,7 +295,7 @@ impl Relay {
         match state {
             WorkerState::WaitingForExtension => log!(
                 "outbox relay {index}: waiting for CREATE EXTENSION outbox in database {}",
-                gucs::database()
+                self.database
             ),
             WorkerState::Standby => {
                 log!("outbox relay {index}: server is a standby; relaying starts on promotion")

@@ -20,7 +20,7 @@ use std::time::Duration;
 use pgrx::prelude::*;
 
 use super::worker::{self, in_transaction, End};
-use crate::shmem::Shared;
+use crate::shmem::DatabaseShare;
 
 /// Least time between two pruning rounds, across all workers.
 const EVERY: Duration = Duration::from_secs(60);
@@ -33,7 +33,7 @@ const MAX_RANGES_PER_ROUND: usize = 100;
 /// Runs a pruning round, one short transaction per range, when a minute (or the retention, if
 /// shorter, as in tests) has passed since the last round of any worker and this worker wins the
 /// turn.
-pub fn prune_if_due(shared: &Shared, retention: Duration, schema: &str, index: usize) {
+pub fn prune_if_due(shared: &DatabaseShare, retention: Duration, schema: &str, index: usize) {
     if !shared.claim_prune_turn(worker::now(), EVERY.min(retention)) {
         return;
     }

@@ -21,7 +21,7 @@ pub struct Settings {
 
 impl Settings {
     /// The settings in force; `marker_namespace` tells apart the databases sharing a Redis.
-    pub fn read(marker_namespace: &str) -> Settings {
+    pub fn read(marker_namespace: &str, database: &str) -> Settings {
         Settings {
             target: Target {
                 url: gucs::redis_url(),
@@ -34,7 +34,7 @@ impl Settings {
                 },
                 wait_replicas: gucs::redis_wait_replicas(),
                 timeout: gucs::redis_timeout(),
-                stream_prefix: gucs::stream_prefix(),
+                stream_prefix: crate::databases::stream_prefix(&gucs::stream_prefix(), database),
                 stream_maxlen: gucs::stream_maxlen(),
                 dedupe: gucs::dedupe(),
                 dedupe_ttl: gucs::dedupe_ttl(),

@@ -21,7 +21,7 @@ use pgrx::prelude::*;
 
 use super::worker::{self, in_transaction, End};
 use crate::ring::{self, LEAVES};
-use crate::shmem::Shared;
+use crate::shmem::DatabaseShare;
 
 /// Least time between two looks for partitions to empty, across all workers.
 const EVERY: Duration = Duration::from_secs(1);
@@ -66,7 +66,7 @@ enum Outcome {
 
 /// Empties the partitions that are due, one transaction each, when this worker wins the turn
 /// (at most one look a second across all workers).
-pub fn truncate_if_due(shared: &Shared, retention: Duration, schema: &str, index: usize) {
+pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str, index: usize) {
     let now = worker::now();
     if !shared.claim_truncate_turn(now, EVERY) {
         return;
@@ -130,7 +130,13 @@ fn survey(schema: &str) -> Option<(i64, Vec<String>, Vec<pg_sys::Oid>, Vec<i64>)
 }
 
 /// Empties partition `leaf` if nothing holds it and it is still due; see the module comment.
-fn empty(shared: &Shared, leaf: usize, oid: pg_sys::Oid, name: &str, retention: i64) -> Outcome {
+fn empty(
+    shared: &DatabaseShare,
+    leaf: usize,
+    oid: pg_sys::Oid,
+    name: &str,
+    retention: i64,
+) -> Outcome {
     // SAFETY: a lock on a relation, inside the caller's transaction, which releases it.
     let locked = unsafe {
         pg_sys::ConditionalLockRelationOid(oid, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE)
