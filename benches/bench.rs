@@ -309,6 +309,58 @@ fn cluster_relay(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     );
 }
 
+/// One database's drain alone, and beside two idle databases that are relayed too, alternating.
+fn idle_databases(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+    println!("8. one database's relay beside two idle ones ({BACKLOG} events)");
+    for name in ["idle_one", "idle_two"] {
+        pg.connect()
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        pg.connect_to(name)
+            .batch_execute("CREATE EXTENSION outbox")
+            .unwrap();
+    }
+    set_and_wait(
+        pg,
+        &[("outbox.batch_size", "1000"), ("outbox.dedupe", "on")],
+        &["batch_size=1000 ", "dedupe=on "],
+    );
+    let mut runs: HashMap<&str, Vec<f64>> = HashMap::new();
+    for rep in 0..RELAY_REPS {
+        let order = if rep % 2 == 0 {
+            ["alone", "beside"]
+        } else {
+            ["beside", "alone"]
+        };
+        for side in order {
+            let (list, workers) = if side == "alone" {
+                ("postgres", 1)
+            } else {
+                ("postgres, idle_one, idle_two", 3)
+            };
+            pg.set(&[("outbox.database", list)]);
+            assert!(
+                wait_until(Duration::from_secs(30), || pg.worker_pids().len()
+                    == workers),
+                "the launcher did not settle on {workers} workers"
+            );
+            let secs = drain_seconds(pg, redis, "databases", BACKLOG, true);
+            runs.entry(side).or_default().push(BACKLOG as f64 / secs);
+        }
+    }
+    pg.set(&[("outbox.database", "postgres")]);
+    report.row(
+        "relay, batch 1000, dedupe on, two idle databases relayed too",
+        format!("{:.0} events/s", median(runs["beside"].clone())),
+        format!(
+            "{:.0} events/s (this database alone)",
+            median(runs["alone"].clone())
+        ),
+        format!("{:.3}", paired_ratio(&runs["beside"], &runs["alone"])),
+        ">= 0.95 (unchanged)",
+    );
+}
+
 /// Changes settings and waits until the worker's latest configuration line shows `expect`.
 fn set_and_wait(pg: &mut Pg, settings: &[(&str, &str)], expect: &[&str]) {
     pg.set(settings);
@@ -1005,7 +1057,7 @@ fn main() {
         .unwrap()
         .get(0);
 
-    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster runs a subset while tuning.
+    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases runs a subset.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     if wanted("write") {
@@ -1034,6 +1086,9 @@ fn main() {
     }
     if wanted("cluster") {
         cluster_relay(&mut pg, &redis, &mut report);
+    }
+    if wanted("databases") {
+        idle_databases(&mut pg, &redis, &mut report);
     }
 
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
