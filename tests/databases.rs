@@ -202,6 +202,37 @@ fn every_database_with_the_extension_is_relayed_and_a_crash_stops_only_its_own_w
     );
     assert_eq!(redis.ids("late:orders"), late_ids);
 
+    // DROP EXTENSION: the database's worker leaves; a database without it never got one to
+    // speak of (the workers that looked there left without a word).
+    late.batch_execute("DROP EXTENSION outbox").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || pid_in(&pg, "late").is_none()),
+        "the worker stayed after DROP EXTENSION"
+    );
+    // (Its next statement failed, or its next look-up found nothing: either way it left, and
+    // no worker waits there.)
+    std::thread::sleep(Duration::from_secs(4));
+    let log = pg.log();
+    assert!(!log.contains("waiting for CREATE EXTENSION outbox in database late"));
+    assert!(
+        !log.contains("database=plain ") && !log.contains("in database plain"),
+        "the workers that looked into a database without the extension filled the log"
+    );
+    // Between looks, they hold no worker slot either.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let held: i64 = shop
+                .query_one(
+                    "SELECT count(*) FROM outbox_workers WHERE database IN ('plain', 'late')",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            held == 0
+        }),
+        "databases without the extension hold worker slots"
+    );
+
     // One database's worker dies with an error (terminated): the others keep their workers.
     let billing_pid = pid_in(&pg, "billing").unwrap();
     let shop_pid = pid_in(&pg, "shop").unwrap();

@@ -19,12 +19,19 @@ pub struct Extension {
     checked_at: Option<Instant>,
     /// The objects' version when it is not the one this library relays (logged once).
     outdated_version: Option<String>,
+    /// Whether the last look-up found no extension at all (rather than one at another version).
+    missing: bool,
 }
 
 impl Extension {
     /// The schema the extension was last found in.
     pub fn schema(&self) -> &str {
         &self.schema
+    }
+
+    /// Whether the last look-up found no extension in the database.
+    pub fn is_missing(&self) -> bool {
+        self.missing
     }
 
     /// The prepared statements, if the extension was found and is relayed.
@@ -44,7 +51,8 @@ impl Extension {
         self.checked_at = Some(Instant::now());
         // SAFETY: a catalog lookup inside the current transaction.
         let oid = unsafe { pg_sys::get_extension_oid(c"outbox".as_ptr(), true) };
-        if oid == pg_sys::InvalidOid {
+        self.missing = oid == pg_sys::InvalidOid;
+        if self.missing {
             self.statements = None;
             return None;
         }

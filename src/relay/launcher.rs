@@ -113,17 +113,26 @@ impl Launcher {
         let wanted_oids: Vec<u32> = wanted.iter().map(|d| d.oid).collect();
         let slots = self.shared.all_slots();
 
-        // Slots of databases no longer selected (or dropped) are freed, their workers stopped.
+        let now = worker::now();
+        let absent = |oid: u32| self.shared.database(oid).is_some_and(|d| d.is_absent(now));
+        // Slots of databases no longer selected (or dropped) are freed, their workers stopped;
+        // so are those of databases found without the extension, until they are looked at again.
         for (index, slot) in slots.iter().enumerate() {
             let database = slot.database();
-            if database != 0 && !wanted_oids.contains(&database) {
+            if database == 0 {
+                continue;
+            }
+            if !wanted_oids.contains(&database) {
                 slot.assign(0);
                 self.stop(index, slot.pid());
+            } else if absent(database) && slot.pid() == 0 {
+                slot.assign(0);
+                self.started.remove(&index);
             }
         }
         // Each selected database gets its slots, in the order the databases are listed.
         let per_database = gucs::workers();
-        for database in &wanted {
+        for database in wanted.iter().filter(|d| !absent(d.oid)) {
             let mut assigned = slots
                 .iter()
                 .filter(|s| s.database() == database.oid)
@@ -146,7 +155,6 @@ impl Launcher {
             }
         }
         // Workers missing from their slots are started.
-        let now = worker::now();
         for (index, slot) in slots.iter().enumerate() {
             let database = slot.database();
             if database == 0 || slot.pid() != 0 || self.is_starting(index, database) {

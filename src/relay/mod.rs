@@ -91,6 +91,11 @@ enum Pass {
 
 struct Relay {
     index: usize,
+    /// `outbox.database = '*'`: without the extension, the worker leaves (and the launcher looks
+    /// again later) rather than waits.
+    everywhere: bool,
+    /// Looking for the extension under '*', not yet announced in the log.
+    probing: bool,
     /// What the workers of this database share.
     share: &'static DatabaseShare,
     /// This database's name.
@@ -130,11 +135,19 @@ impl Relay {
             (name, End::Commit)
         });
         let settings = Settings::read(&namespace, &database);
-        log!(
-            "outbox relay {index} started: {}",
-            settings.describe(&database)
-        );
+        // Under '*', a worker that finds no extension leaves at once, and another looks again a
+        // few seconds later: it speaks only once it has found the extension.
+        let probing = !Selection::parse(&gucs::database())
+            .is_ok_and(|selection| selection.waits_for_extension());
+        if !probing {
+            log!(
+                "outbox relay {index} started: {}",
+                settings.describe(&database)
+            );
+        }
         Relay {
+            everywhere: probing,
+            probing,
             index,
             share,
             database,
@@ -167,16 +180,19 @@ impl Relay {
                 truncate::truncate_if_due(self.share, retention, schema, self.index);
                 prune::prune_if_due(self.share, retention, schema, self.index);
             }
-            if matches!(pass, Pass::NoExtension) && !worker::in_recovery() {
-                let waits = Selection::parse(&gucs::database())
-                    .is_ok_and(|selection| selection.waits_for_extension());
-                if !waits {
-                    // Under '*', a database without the extension keeps no worker: the
-                    // launcher looks again in a few seconds.
-                    self.share
-                        .absent_until(worker::now() + LOOK_AGAIN_AFTER.as_micros() as i64);
-                    self.exit();
+            if matches!(pass, Pass::NoExtension) && self.extension.is_missing() && self.everywhere {
+                if !self.probing {
+                    log!(
+                        "outbox relay {}: the extension is gone from database {}; stopping",
+                        self.index,
+                        self.database
+                    );
                 }
+                // Under '*', a database without the extension keeps no worker: the launcher
+                // looks again in a few seconds.
+                self.share
+                    .absent_until(worker::now() + LOOK_AGAIN_AFTER.as_micros() as i64);
+                self.exit();
             }
             match pass {
                 Pass::Full => {}
@@ -292,7 +308,23 @@ impl Relay {
             return;
         }
         let index = self.index;
+        let found = matches!(
+            state,
+            WorkerState::Idle
+                | WorkerState::Publishing
+                | WorkerState::Backoff
+                | WorkerState::Standby
+        );
+        if self.probing && found {
+            // Found: the worker stays, and says so.
+            self.probing = false;
+            log!(
+                "outbox relay {index} started: {}",
+                self.settings.describe(&self.database)
+            );
+        }
         match state {
+            WorkerState::WaitingForExtension if self.probing => {}
             WorkerState::WaitingForExtension => log!(
                 "outbox relay {index}: waiting for CREATE EXTENSION outbox in database {}",
                 self.database
