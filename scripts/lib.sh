@@ -40,7 +40,7 @@ export PG_CONFIG PG_MAJOR
 # The cargo features that build the extension for that major.
 CARGO_FEATURES=(--no-default-features --features "pg$PG_MAJOR")
 
-APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo)
+APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo openssl)
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
   APT_PACKAGES+=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR")
 elif ! python3 -m pip --version >/dev/null 2>&1; then

@@ -18,6 +18,12 @@ pub use postgres::Client;
 
 pub mod topology;
 
+/// The server program the tests start: `redis-server`, or another that speaks its protocol
+/// (Valkey's `valkey-server`) named by `OUTBOX_TEST_REDIS_SERVER`.
+pub fn redis_server() -> String {
+    std::env::var("OUTBOX_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -134,7 +140,7 @@ impl Redis {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let child = Command::new(redis_server())
             .args([
                 "--port",
                 &self.port.to_string(),

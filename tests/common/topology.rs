@@ -51,7 +51,7 @@ impl Node {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let child = Command::new(super::redis_server())
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
