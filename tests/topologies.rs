@@ -535,3 +535,67 @@ fn a_demoted_primary_sends_the_relay_back_to_the_sentinels() {
     assert_eq!(charged, 0, "events were charged for a demoted primary");
     eprintln!("the relay's log:\n{}", relay_log(&pg).join("\n"));
 }
+
+/// With dedupe off on a cluster, one event Redis refuses (its stream key holds a string) is
+/// charged alone: the events beside it in the chunk are added once, not again when the chunk is
+/// taken apart.
+#[test]
+fn on_a_cluster_a_refused_event_costs_its_neighbours_no_duplicate() {
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_mode", "cluster"),
+        ("outbox.dedupe", "off"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut set = redis::cluster::ClusterClient::new(vec![format!(
+        "redis://127.0.0.1:{}",
+        cluster.nodes[0].port
+    )])
+    .unwrap()
+    .get_connection()
+    .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("poison")
+        .arg("x")
+        .query(&mut set)
+        .unwrap();
+    let rows = client
+        .query(
+            "SELECT CASE WHEN g % 10 = 0 THEN 'poison' ELSE 'fine' || (g % 7) END AS topic, \
+                    outbox_enqueue(CASE WHEN g % 10 = 0 THEN 'poison' ELSE 'fine' || (g % 7) END, \
+                                   jsonb_build_object('n', g)) \
+             FROM generate_series(1, 500) g",
+            &[],
+        )
+        .unwrap();
+    let mut expected: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for row in rows {
+        let topic: String = row.get(0);
+        if topic != "poison" {
+            expected.entry(topic).or_default().push(row.get(1));
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let charged: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE topic = 'poison' AND attempts > 0",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            charged == 50
+                && expected
+                    .iter()
+                    .all(|(stream, ids)| cluster.xlen(stream) >= ids.len())
+        }),
+        "the refused events were not charged, or the others not published: {:?}",
+        worker_state(&pg)
+    );
+    let twice = check_streams(&expected, |s| cluster.ids(s));
+    assert_eq!(twice, 0, "events beside a refused one were added twice");
+}

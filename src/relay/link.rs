@@ -311,8 +311,9 @@ impl Link {
                         // A script's reply says what became of each event, and it was lost:
                         // the script runs again, and its markers make it add nothing twice.
                         None if is_script(cmd) => resend(connection, cmd)?,
-                        // An XADD that answered with an entry id.
-                        None => Value::Okay,
+                        // An XADD that answered with an entry id (which pipeline::read does
+                        // not need, only that it was not an error).
+                        None => Value::SimpleString("added".into()),
                     };
                     values.push(value);
                 }
