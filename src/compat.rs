@@ -143,3 +143,19 @@ pub unsafe fn partition_desc(rel: pg_sys::Relation) -> pg_sys::PartitionDesc {
         }
     }
 }
+
+/// Whether the current user owns database `oid` (superusers own everything). Up to 15 a
+/// function of its own; from 16 on the generic object check.
+pub fn owns_database(oid: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog lookup by OID, inside the caller's transaction.
+    unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+        {
+            pg_sys::pg_database_ownercheck(oid, pg_sys::GetUserId())
+        }
+        #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+        {
+            pg_sys::object_ownercheck(pg_sys::DatabaseRelationId, oid, pg_sys::GetUserId())
+        }
+    }
+}

@@ -74,10 +74,13 @@ fn step_aside(name: &str) -> Option<u32> {
     let shared = shmem::shared()?;
     let cname = std::ffi::CString::new(name).ok()?;
     // SAFETY: a catalog lookup by name inside the statement's transaction.
-    let oid = unsafe { pg_sys::get_database_oid(cname.as_ptr(), true) }.to_u32();
-    if oid == 0 {
+    let oid = unsafe { pg_sys::get_database_oid(cname.as_ptr(), true) };
+    // Only for someone the command will let through: anyone else could stop the relay for ten
+    // seconds with a DROP DATABASE that fails.
+    if oid == pg_sys::InvalidOid || !crate::compat::owns_database(oid) {
         return None;
     }
+    let oid = oid.to_u32();
     // SAFETY: reads the clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
     let share = shared.database_or_take(oid, now)?;
@@ -121,6 +124,8 @@ unsafe extern "C-unwind" fn process_utility(
     unsafe {
         let leaving = leaving((*pstmt).utilityStmt);
         let paused = match &leaving {
+            // DROP DATABASE refuses to run in a transaction block: it would fail anyway.
+            Some(Leaving::Drop(_)) if pg_sys::IsTransactionBlock() => None,
             Some(Leaving::Drop(name)) | Some(Leaving::Rename(name)) => step_aside(name),
             None => None,
         };

@@ -122,6 +122,29 @@ fn three_databases_relay_side_by_side_a_fourth_joins_and_one_is_dropped() {
         .get(0);
     assert_eq!(postmaster_before, launcher_after, "the launcher restarted");
 
+    // Someone who may not drop a database cannot stop its relay by trying; nor can a DROP
+    // that would fail in a transaction block.
+    let shop_pid = pid_in(&pg, "shop").unwrap();
+    pg.connect()
+        .batch_execute("CREATE ROLE mallory LOGIN")
+        .unwrap();
+    let refused = pg
+        .connect_as("postgres", "mallory")
+        .batch_execute("DROP DATABASE shop")
+        .unwrap_err();
+    assert_eq!(common::sqlstate(&refused), "42501", "{refused}");
+    let in_block = pg
+        .connect()
+        .batch_execute("BEGIN; DROP DATABASE shop")
+        .unwrap_err();
+    assert_eq!(common::sqlstate(&in_block), "25001", "{in_block}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        pid_in(&pg, "shop"),
+        Some(shop_pid),
+        "a DROP DATABASE that could not run stopped the relay"
+    );
+
     // A plain DROP DATABASE of a relayed database, its worker connected.
     assert!(pid_in(&pg, "billing").is_some());
     clients.retain(|(name, _)| name != "billing");
