@@ -63,6 +63,9 @@ impl WorkerState {
 pub struct WorkerSlot {
     /// The database the slot's worker relays for (its OID), 0 while the slot is unassigned.
     database: AtomicU32,
+    /// The database the slot's running worker is connected to: it may still run there for a
+    /// moment after the launcher gave the slot away.
+    working_in: AtomicU32,
     pid: AtomicI32,
     latch: AtomicPtr<pg_sys::Latch>,
     state: AtomicU8,
@@ -93,6 +96,7 @@ impl WorkerSlot {
     fn new() -> WorkerSlot {
         WorkerSlot {
             database: AtomicU32::new(0),
+            working_in: AtomicU32::new(0),
             pid: AtomicI32::new(0),
             latch: AtomicPtr::new(std::ptr::null_mut()),
             state: AtomicU8::new(WorkerState::Stopped as u8),
@@ -105,15 +109,24 @@ impl WorkerSlot {
         }
     }
 
-    /// Called by the worker when it starts: counters restart, its latch becomes wakeable.
-    pub fn attach(&self, pid: i32, latch: *mut pg_sys::Latch) {
+    /// Called by the worker when it starts, for database `database`: counters restart, its
+    /// latch becomes wakeable. False if another process holds the slot, which is left alone.
+    pub fn attach(&self, pid: i32, latch: *mut pg_sys::Latch, database: u32) -> bool {
+        if self
+            .pid
+            .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
         self.published.store(0, Ordering::Relaxed);
         self.last_batch_at.store(NO_TIME, Ordering::Relaxed);
         self.set_error(None, NO_TIME);
         self.state
             .store(WorkerState::Starting as u8, Ordering::Relaxed);
+        self.working_in.store(database, Ordering::Release);
         self.latch.store(latch, Ordering::Release);
-        self.pid.store(pid, Ordering::Release);
+        true
     }
 
     /// Assigns the slot to a database (0 frees it); the launcher does, before it starts the
@@ -132,12 +145,19 @@ impl WorkerSlot {
         self.pid.load(Ordering::Acquire)
     }
 
-    /// Called on the worker's way out, however it exits.
-    pub fn detach(&self) {
-        self.pid.store(0, Ordering::Release);
+    /// Called on the way out of the worker `pid`, however it exits; a slot another process
+    /// holds is left alone.
+    pub fn detach(&self, pid: i32) {
+        if self.pid.load(Ordering::Acquire) != pid {
+            return;
+        }
         self.latch.store(std::ptr::null_mut(), Ordering::Release);
         self.state
             .store(WorkerState::Stopped as u8, Ordering::Relaxed);
+        self.working_in.store(0, Ordering::Release);
+        let _ = self
+            .pid
+            .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     pub fn set_state(&self, state: WorkerState) {
@@ -329,11 +349,16 @@ impl DatabaseShare {
     }
 }
 
+/// Databases that can have an entry at once: those relayed, and under `*` those looked into.
+pub const MAX_DATABASES: usize = 256;
+
 #[repr(C)]
 pub struct Shared {
     slots: [WorkerSlot; MAX_WORKERS as usize],
     /// One entry per database relayed since the server started (or since the entry was freed).
-    databases: [DatabaseShare; MAX_WORKERS as usize],
+    databases: [DatabaseShare; MAX_DATABASES],
+    /// Held (1) while an entry is taken or freed: a few loads and stores, never a wait inside.
+    entries_lock: AtomicU32,
 }
 
 impl Shared {
@@ -341,6 +366,7 @@ impl Shared {
         Shared {
             slots: std::array::from_fn(|_| WorkerSlot::new()),
             databases: std::array::from_fn(|_| DatabaseShare::new()),
+            entries_lock: AtomicU32::new(0),
         }
     }
 
@@ -361,37 +387,55 @@ impl Shared {
             .flatten()
     }
 
+    /// Runs `body` holding the lock on taking and freeing entries.
+    fn with_entries_locked<R>(&self, body: impl FnOnce() -> R) -> R {
+        while self
+            .entries_lock
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        let result = body();
+        self.entries_lock.store(0, Ordering::Release);
+        result
+    }
+
     /// The entry of database `oid`, taking a free one (reset as of `now`) if it has none;
-    /// `None` when every entry is taken.
+    /// `None` when every entry is taken. One database never gets two entries.
     pub fn database_or_take(&self, oid: u32, now: i64) -> Option<&DatabaseShare> {
+        if oid == 0 {
+            return None;
+        }
         if let Some(found) = self.database(oid) {
             return Some(found);
         }
-        for entry in &self.databases {
-            if entry.oid() == 0 {
-                entry.reset(now);
-                if entry
-                    .oid
-                    .compare_exchange(0, oid, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Some(entry);
-                }
+        self.with_entries_locked(|| {
+            if let Some(found) = self.database(oid) {
+                return Some(found);
             }
-        }
-        // Another process took the same database at the same moment.
-        self.database(oid)
+            let free = self.databases.iter().find(|d| d.oid() == 0)?;
+            free.reset(now);
+            free.oid.store(oid, Ordering::Release);
+            Some(free)
+        })
     }
 
-    /// Frees the entries of databases not in `keep` that no slot is assigned to.
+    /// Frees the entries of databases not in `keep` that no slot is assigned to and no worker
+    /// still runs in.
     pub fn release_databases(&self, keep: &[u32]) {
-        for entry in &self.databases {
-            let oid = entry.oid();
-            let in_use = self.slots.iter().any(|s| s.database() == oid);
-            if oid != 0 && !keep.contains(&oid) && !in_use {
-                entry.oid.store(0, Ordering::Release);
+        self.with_entries_locked(|| {
+            for entry in &self.databases {
+                let oid = entry.oid();
+                let in_use = self
+                    .slots
+                    .iter()
+                    .any(|s| s.database() == oid || s.working_in.load(Ordering::Acquire) == oid);
+                if oid != 0 && !keep.contains(&oid) && !in_use {
+                    entry.oid.store(0, Ordering::Release);
+                }
             }
-        }
+        })
     }
 
     /// Sets the latch of every running worker of database `oid`.
@@ -560,7 +604,26 @@ mod tests {
         assert!(shared.database(300).is_none());
         assert!(shared.database(0).is_none());
         shared.slot(4).assign(200);
+        assert!(shared.slot(5).attach(77, std::ptr::null_mut(), 300));
+        shared.database_or_take(300, 1).unwrap();
         shared.release_databases(&[]);
+        assert!(
+            shared.database(300).is_some(),
+            "a database a worker still runs in is kept"
+        );
+        assert!(
+            !shared.slot(5).attach(78, std::ptr::null_mut(), 300),
+            "a held slot is taken twice"
+        );
+        shared.slot(5).detach(78);
+        assert_eq!(
+            shared.slot(5).pid(),
+            77,
+            "another process's detach freed the slot"
+        );
+        shared.slot(5).detach(77);
+        shared.release_databases(&[]);
+        assert!(shared.database(300).is_none());
         assert!(
             shared.database(100).is_none(),
             "a database nobody relays is released"
@@ -569,7 +632,7 @@ mod tests {
             shared.database(200).is_some(),
             "a database with a slot is kept"
         );
-        for oid in 1000..1000 + MAX_WORKERS as u32 - 1 {
+        for oid in 1000..1000 + MAX_DATABASES as u32 - 1 {
             assert!(shared.database_or_take(oid, 1).is_some());
         }
         assert!(

@@ -90,7 +90,9 @@ impl Launcher {
     fn run(&mut self) -> ! {
         loop {
             if worker::shutdown_requested() {
-                crate::compat::proc_exit(0);
+                // 1, not 0: the postmaster forgets a static worker that exits with 0, and a
+                // pg_terminate_backend of the launcher would end relaying until a restart.
+                crate::compat::proc_exit(1);
             }
             worker::reload_configuration();
             self.look();

@@ -63,13 +63,16 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         .unwrap_or(0)
         .clamp(0, gucs::MAX_WORKERS - 1) as usize;
     let database: u32 = BackgroundWorker::get_extra().parse().unwrap_or(0);
-    let (shared, slot) = worker::attach(index);
+    let Some((shared, slot)) = worker::attach(index, database) else {
+        // The launcher gave the slot to another database, or another process holds it.
+        worker::exit();
+    };
     let now = worker::now();
     let Some(share) = shared.database_or_take(database, now) else {
         log!("outbox relay {index}: every shared entry for databases is taken");
         worker::exit();
     };
-    if slot.database() != database || share.is_paused(now) {
+    if share.is_paused(now) {
         worker::exit();
     }
     session::pin_settings(&format!("outbox relay {index}"));

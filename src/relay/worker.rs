@@ -11,29 +11,37 @@ use pgrx::prelude::*;
 use crate::gucs;
 use crate::shmem::{self, Shared, WorkerSlot};
 
-/// Sets up the signal handlers and attaches the process to slot `index`, which is cleared again
-/// however the process ends.
-pub fn attach(index: usize) -> (&'static Shared, &'static WorkerSlot) {
+/// Sets up the signal handlers and attaches the process to slot `index` for database
+/// `database`; the slot is cleared again however the process ends. `None` if the slot is
+/// assigned elsewhere or another process holds it.
+pub fn attach(index: usize, database: u32) -> Option<(&'static Shared, &'static WorkerSlot)> {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let Some(shared) = shmem::shared() else {
         error!("outbox relay: shared memory is missing; is outbox in shared_preload_libraries?");
     };
     let slot = shared.slot(index);
+    if slot.database() != database {
+        return None;
+    }
     // SAFETY: MyProcPid and MyLatch are this process's own, valid for its life; the exit
     // callback clears the slot however the process ends.
     unsafe {
-        slot.attach(pg_sys::MyProcPid, pg_sys::MyLatch);
+        if !slot.attach(pg_sys::MyProcPid, pg_sys::MyLatch, database) {
+            return None;
+        }
         pg_sys::before_shmem_exit(Some(detach), pg_sys::Datum::from(index));
     }
-    (shared, slot)
+    Some((shared, slot))
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn detach(_code: i32, arg: pg_sys::Datum) {
     if let Some(shared) = shmem::shared() {
+        // SAFETY: reads this process's pid.
+        let me = unsafe { pg_sys::MyProcPid };
         shared
             .slot(arg.value().min(gucs::MAX_WORKERS as usize - 1))
-            .detach();
+            .detach(me);
     }
 }
 
