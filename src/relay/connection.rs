@@ -158,8 +158,8 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
     };
     let built = pipeline::build(chunk, script);
     let layout = built.layout;
-    let values = match connection.link.pipeline(built.commands, built.ignored) {
-        Ok(values) => values,
+    let (values, resent) = match connection.link.pipeline(built.commands, built.ignored) {
+        Ok(answer) => answer,
         // A cluster that could not place a command (a slot without a primary, a redirection
         // that kept failing) or refused it outright: Redis is there, but not usable yet.
         Err(e) if connection.link.is_cluster() && e.code().is_some() => {
@@ -179,9 +179,20 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
         failure
     })?;
     let wanted = target.wait_replicas;
+    if wanted > 0 && resent {
+        // Slots moved under the chunk: a WAIT now goes by the new map, and may ask a node whose
+        // connection wrote nothing. The chunk is published again once the cluster has settled
+        // (its markers absorb what is already there).
+        return Err(Failed::Refused(
+            "slots moved during the chunk, so WAIT cannot vouch for it; it is published again"
+                .into(),
+        ));
+    }
     if wanted > 0 && answer.results.iter().any(Result::is_ok) {
         let Some(connection) = slot.as_mut() else {
-            return Err(Failed::Refused(
+            // A reply closed the connection (an event too large, say): taken apart, the chunk
+            // charges that event alone.
+            return Err(Failed::Broken(
                 "Redis closed the connection before WAIT".into(),
             ));
         };

@@ -256,16 +256,17 @@ impl Link {
     }
 
     /// Sends `commands` as pipelines (one, or one per node of a cluster) and returns one reply
-    /// per command after the first `ignored`, whose replies are dropped. On a cluster, commands
-    /// whose node redirected them are sent again one by one, following the redirection; one that
-    /// still cannot be placed fails the call with its error.
+    /// per command after the first `ignored`, whose replies are dropped, and whether any
+    /// command had to be sent again. On a cluster, commands whose node redirected them are sent
+    /// again one by one, following the redirection; one that still cannot be placed fails the
+    /// call with its error.
     pub fn pipeline(
         &mut self,
         commands: Vec<Cmd>,
         ignored: usize,
-    ) -> Result<Vec<Value>, RedisError> {
+    ) -> Result<(Vec<Value>, bool), RedisError> {
         if commands.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
         match self {
             Link::Node(connection) => {
@@ -277,7 +278,7 @@ impl Link {
                         pipe.ignore();
                     }
                 }
-                pipe.query(connection)
+                pipe.query(connection).map(|values| (values, false))
             }
             Link::Cluster(connection) => {
                 let mut pipe = redis::cluster::cluster_pipe();
@@ -288,7 +289,7 @@ impl Link {
                     }
                 }
                 let error = match pipe.query::<Vec<Value>>(connection) {
-                    Ok(values) => return Ok(values),
+                    Ok(values) => return Ok((values, false)),
                     Err(error) => error,
                 };
                 // A single server error is not a pipeline's: the call failed as a whole.
@@ -302,11 +303,15 @@ impl Link {
                     return Err(error);
                 };
                 let mut values = Vec::with_capacity(pipe.cmd_iter().count() - ignored);
+                let mut resent = false;
                 for (index, cmd) in pipe.cmd_iter().enumerate().skip(ignored) {
                     let failure = failures.iter().find(|(i, _)| *i == index).map(|(_, e)| e);
                     let value = match failure {
                         // Not run where it was sent: send it again, following the redirection.
-                        Some(e) if is_redirection(e.code()) => resend(connection, cmd)?,
+                        Some(e) if is_redirection(e.code()) => {
+                            resent = true;
+                            resend(connection, cmd)?
+                        }
                         Some(e) => Value::ServerError(e.clone()),
                         // A script's reply says what became of each event, and it was lost:
                         // the script runs again, and its markers make it add nothing twice.
@@ -317,14 +322,15 @@ impl Link {
                     };
                     values.push(value);
                 }
-                Ok(values)
+                Ok((values, resent))
             }
         }
     }
 
     /// Waits until `replicas` replicas hold what this link wrote, on every node that got writes:
-    /// the one server, or the primaries of `slots`. Returns the fewest replicas any of them
-    /// reported within `timeout`.
+    /// the one server, or the primaries of `slots` (one after another, stopping at the first
+    /// that falls short, so that missing replicas cost one timeout, not one per slot). Returns
+    /// the fewest replicas any of them reported within `timeout`.
     pub fn wait(
         &mut self,
         replicas: u32,
@@ -346,6 +352,9 @@ impl Link {
                         RedisError::from((ErrorKind::Parse, "WAIT answered", e.to_string()))
                     })?;
                     fewest = fewest.min(acknowledged.max(0) as u32);
+                    if fewest < replicas {
+                        break;
+                    }
                 }
                 Ok(if fewest == u32::MAX { replicas } else { fewest })
             }
