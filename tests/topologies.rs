@@ -130,6 +130,8 @@ fn a_cluster_failover_and_a_reshard_during_the_drain_lose_nothing() {
                     .next()
                     .unwrap();
                 let mut watcher = pg.connect();
+                let pending_then = pg.pending();
+                assert!(pending_then > 0, "the drain was over before the reshard");
                 reshard = Some(thread::spawn(move || {
                     let mut published = || -> i64 {
                         watcher
@@ -160,9 +162,11 @@ fn a_cluster_failover_and_a_reshard_during_the_drain_lose_nothing() {
     }
     let (published_during, took) = reshard.expect("no reshard").join().unwrap();
     eprintln!("{published_during} events were published during the reshard, which took {took:?}");
+    // The relay met the moving slots: it published through them, or (a chunk redirected under
+    // outbox.redis_wait_replicas is not marked) said so and backed off.
     assert!(
-        published_during > 0,
-        "nothing was published while slots moved"
+        published_during > 0 || pg.log().contains("slots moved during the chunk"),
+        "the relay never met the reshard"
     );
     assert!(
         wait_until(Duration::from_secs(180), || pg.pending() == 0),
