@@ -92,10 +92,15 @@ impl Publisher {
     pub fn spawn(target: Target) -> Publisher {
         let (commands, incoming) = unbounded::<Command>();
         let (outgoing, replies) = unbounded::<Reply>();
-        thread::Builder::new()
+        // The thread is born with every signal blocked (a thread inherits its creator's mask):
+        // blocking them only once it runs left a moment in which a SIGTERM could land there,
+        // and PostgreSQL's handler may only run on the main thread.
+        let previous = block_signals();
+        let spawned = thread::Builder::new()
             .name("outbox-redis".into())
-            .spawn(move || RedisSide::new(target).serve(incoming, outgoing))
-            .expect("could not start the Redis thread");
+            .spawn(move || RedisSide::new(target).serve(incoming, outgoing));
+        restore_signals(&previous);
+        spawned.expect("could not start the Redis thread");
         Publisher { commands, replies }
     }
 
@@ -227,12 +232,23 @@ impl RedisSide {
 
 /// Keeps the process's signals (SIGTERM, SIGHUP, SIGUSR1 ...) off this thread: they are the main
 /// thread's to handle, and one landing here would interrupt a socket read (EINTR), which would
-/// read as Redis being unavailable.
-fn block_signals() {
-    // SAFETY: fills a local signal set and installs it as this thread's mask.
+/// read as Redis being unavailable, or run PostgreSQL's handler off the main thread. Returns
+/// the mask it replaced.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: fills a local signal set and installs it as this thread's mask, keeping the old.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut previous: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous);
+        previous
+    }
+}
+
+/// Puts back a mask [`block_signals`] replaced.
+fn restore_signals(previous: &libc::sigset_t) {
+    // SAFETY: installs a mask this thread had before.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, previous, std::ptr::null_mut());
     }
 }
