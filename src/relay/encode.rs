@@ -73,19 +73,20 @@ pub fn marker_key(prefix: &str, namespace: &str, period: u64, shard: i64, stream
     let slot = key_slot(stream.as_bytes());
     let natural = match hash_tag(stream.as_bytes()) {
         // The stream's own tag, which holds no `}`; or the whole key when that holds none.
-        Some(tag) => format!("{head}{{{}}}", String::from_utf8_lossy(tag)),
-        None if !stream.contains('}') => format!("{head}{{{stream}}}"),
-        None => String::new(),
+        Some(tag) => Some(format!("{head}{{{}}}", String::from_utf8_lossy(tag))),
+        None if !stream.contains('}') => Some(format!("{head}{{{stream}}}")),
+        None => None,
     };
-    if !natural.is_empty() && key_slot(natural.as_bytes()) == slot {
-        return natural;
+    if let Some(key) = natural.filter(|key| key_slot(key.as_bytes()) == slot) {
+        return key;
     }
     // A stream key with a `}` but no tag, or a prefix with braces of its own: the first number
-    // whose key lands in the stream's slot (one in 16384 does, so this ends quickly).
+    // whose key lands in the stream's slot (one in 16384 does, so the search ends quickly; the
+    // range is unbounded, and every slot has such a number).
     (0u64..)
         .map(|n| format!("{head}{{{n}}}"))
         .find(|key| key_slot(key.as_bytes()) == slot)
-        .unwrap_or(natural)
+        .unwrap_or_default()
 }
 
 /// Number of hash slots of a Redis Cluster.

@@ -86,7 +86,7 @@ pub fn is_server_wide(code: &str) -> bool {
 pub struct Layout {
     commands: Vec<Vec<usize>>,
     markers: Vec<Markers>,
-    /// The hash slots of the streams written, for `WAIT` on a cluster.
+    /// The hash slots of the streams written, for `WAIT` on a cluster (gathered only then).
     pub slots: BTreeSet<u16>,
 }
 
@@ -115,6 +115,8 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
         commands.push(cmd);
     }
     let ignored = commands.len();
+    // The slots written matter only to a WAIT after the chunk.
+    let waits = target.wait_replicas > 0;
     let mut layout = Layout {
         commands: Vec::new(),
         markers: Vec::new(),
@@ -171,14 +173,18 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
                     .arg(&event.payload)
                     .arg(rfc3339(event.created_at));
             }
-            layout.slots.insert(key_slot(stream.as_bytes()));
+            if waits {
+                layout.slots.insert(key_slot(stream.as_bytes()));
+            }
             commands.push(cmd);
             layout.commands.push(positions);
         }
     } else {
         for (index, event) in chunk.events.iter().enumerate() {
             let stream = super::encode::stream_key(&target.stream_prefix, &event.topic);
-            layout.slots.insert(key_slot(stream.as_bytes()));
+            if waits {
+                layout.slots.insert(key_slot(stream.as_bytes()));
+            }
             let mut cmd = redis::cmd("XADD");
             cmd.arg(stream);
             if target.stream_maxlen > 0 {
