@@ -227,6 +227,28 @@ fn drain_seconds(pg: &Pg, redis: &Redis, stream: &str, n: i64, fresh: bool) -> f
     took
 }
 
+/// Runs `run` for each of two sides `RELAY_REPS` times, the sides taking turns at going first;
+/// returns each side's figures.
+fn alternating(
+    sides: [&'static str; 2],
+    mut run: impl FnMut(&'static str) -> f64,
+) -> HashMap<&'static str, Vec<f64>> {
+    let mut runs: HashMap<&str, Vec<f64>> = HashMap::new();
+    for rep in 0..RELAY_REPS {
+        let [first, second] = sides;
+        let order = if rep % 2 == 0 {
+            [first, second]
+        } else {
+            [second, first]
+        };
+        for side in order {
+            let figure = run(side);
+            runs.entry(side).or_default().push(figure);
+        }
+    }
+    runs
+}
+
 /// Commits `n` events spread over `topics` topics in one transaction, then times until the
 /// relay has marked them all.
 fn drain_spread_seconds(pg: &Pg, n: i64, topics: i64) -> f64 {
@@ -257,39 +279,31 @@ fn cluster_relay(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     println!("7. relay to a Redis Cluster ({n} events over 50 topics)");
     let cluster = Cluster::start(3);
     let (single, seeds) = (redis.url(), cluster.urls());
-    let mut runs: HashMap<&str, Vec<f64>> = HashMap::new();
-    for rep in 0..RELAY_REPS {
-        let order = if rep % 2 == 0 {
-            ["one node", "cluster"]
+    let runs = alternating(["one node", "cluster"], |side| {
+        let (url, mode) = if side == "cluster" {
+            (seeds.as_str(), "cluster")
         } else {
-            ["cluster", "one node"]
+            (single.as_str(), "standalone")
         };
-        for side in order {
-            let (url, mode) = if side == "cluster" {
-                (seeds.as_str(), "cluster")
-            } else {
-                (single.as_str(), "standalone")
-            };
-            let expect = format!("redis_mode={mode} ");
-            set_and_wait(
-                pg,
-                &[
-                    ("outbox.redis_url", url),
-                    ("outbox.redis_mode", mode),
-                    ("outbox.batch_size", "1000"),
-                    ("outbox.dedupe", "on"),
-                ],
-                &[&expect, "batch_size=1000 ", "dedupe=on "],
-            );
-            let secs = drain_spread_seconds(pg, n, 50);
-            runs.entry(side).or_default().push(n as f64 / secs);
-            // Empty the streams for the next run: replicas refuse FLUSHALL, primaries take it.
-            let _ = redis::cmd("FLUSHALL").query::<()>(&mut redis.conn());
-            for node in &cluster.nodes {
-                let _ = node.query::<()>(&redis::cmd("FLUSHALL"));
-            }
+        let expect = format!("redis_mode={mode} ");
+        set_and_wait(
+            pg,
+            &[
+                ("outbox.redis_url", url),
+                ("outbox.redis_mode", mode),
+                ("outbox.batch_size", "1000"),
+                ("outbox.dedupe", "on"),
+            ],
+            &[&expect, "batch_size=1000 ", "dedupe=on "],
+        );
+        let secs = drain_spread_seconds(pg, n, 50);
+        // Empty the streams for the next run: replicas refuse FLUSHALL, primaries take it.
+        let _ = redis::cmd("FLUSHALL").query::<()>(&mut redis.conn());
+        for node in &cluster.nodes {
+            let _ = node.query::<()>(&redis::cmd("FLUSHALL"));
         }
-    }
+        n as f64 / secs
+    });
     let on_cluster = median(runs["cluster"].clone());
     let on_one = median(runs["one node"].clone());
     report.row(
@@ -325,29 +339,20 @@ fn idle_databases(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         &[("outbox.batch_size", "1000"), ("outbox.dedupe", "on")],
         &["batch_size=1000 ", "dedupe=on "],
     );
-    let mut runs: HashMap<&str, Vec<f64>> = HashMap::new();
-    for rep in 0..RELAY_REPS {
-        let order = if rep % 2 == 0 {
-            ["alone", "beside"]
+    let runs = alternating(["alone", "beside"], |side| {
+        let (list, workers) = if side == "alone" {
+            ("postgres", 1)
         } else {
-            ["beside", "alone"]
+            ("postgres, idle_one, idle_two", 3)
         };
-        for side in order {
-            let (list, workers) = if side == "alone" {
-                ("postgres", 1)
-            } else {
-                ("postgres, idle_one, idle_two", 3)
-            };
-            pg.set(&[("outbox.database", list)]);
-            assert!(
-                wait_until(Duration::from_secs(30), || pg.worker_pids().len()
-                    == workers),
-                "the launcher did not settle on {workers} workers"
-            );
-            let secs = drain_seconds(pg, redis, "databases", BACKLOG, true);
-            runs.entry(side).or_default().push(BACKLOG as f64 / secs);
-        }
-    }
+        pg.set(&[("outbox.database", list)]);
+        assert!(
+            wait_until(Duration::from_secs(30), || pg.worker_pids().len()
+                == workers),
+            "the launcher did not settle on {workers} workers"
+        );
+        BACKLOG as f64 / drain_seconds(pg, redis, "databases", BACKLOG, true)
+    });
     pg.set(&[("outbox.database", "postgres")]);
     report.row(
         "relay, batch 1000, dedupe on, two idle databases relayed too",

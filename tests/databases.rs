@@ -33,6 +33,11 @@ fn workers(pg: &Pg) -> Vec<(Option<String>, Option<i32>, String)> {
         .collect()
 }
 
+fn launcher_pid(pg: &Pg) -> i32 {
+    pg.query_retrying("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox launcher'")[0]
+        .get(0)
+}
+
 fn pid_in(pg: &Pg, database: &str) -> Option<i32> {
     pg.query_retrying(&format!(
         "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = '{database}'"
@@ -90,14 +95,7 @@ fn three_databases_relay_side_by_side_a_fourth_joins_and_one_is_dropped() {
     );
 
     // A fourth database joins with a reload, no restart.
-    let postmaster_before: i32 = pg
-        .connect()
-        .query_one(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox launcher'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let launcher_before = launcher_pid(&pg);
     let mut audit = database_with_extension(&pg, "audit");
     pg.set(&[("outbox.database", "shop, billing, crm, audit")]);
     let joined = Instant::now();
@@ -112,15 +110,8 @@ fn three_databases_relay_side_by_side_a_fourth_joins_and_one_is_dropped() {
         joined.elapsed()
     );
     assert_eq!(redis.ids("audit:orders"), audit_ids);
-    let launcher_after: i32 = pg
-        .connect()
-        .query_one(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox launcher'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(postmaster_before, launcher_after, "the launcher restarted");
+    let launcher_after = launcher_pid(&pg);
+    assert_eq!(launcher_before, launcher_after, "the launcher restarted");
 
     // Someone who may not drop a database cannot stop its relay by trying; nor can a DROP
     // that would fail in a transaction block.

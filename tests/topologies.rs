@@ -251,19 +251,7 @@ fn a_primary_killed_behind_sentinel_mid_drain_loses_nothing() {
     } else {
         &redis.primary
     };
-    let twice = check_streams(&expected, |stream| {
-        let reply: Vec<(String, Vec<String>)> = new_primary
-            .query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"))
-            .unwrap();
-        reply
-            .into_iter()
-            .map(|(_, f)| {
-                f[f.iter().position(|x| x == "id").unwrap() + 1]
-                    .parse()
-                    .unwrap()
-            })
-            .collect()
-    });
+    let twice = check_streams(&expected, |stream| new_primary.ids(stream));
     assert_eq!(twice, 0, "an event was published twice over the failover");
     let log = relay_log(&pg);
     eprintln!("the relay's log over the failover:\n{}", log.join("\n"));
@@ -517,20 +505,7 @@ fn a_demoted_primary_sends_the_relay_back_to_the_sentinels() {
         "the relay did not follow the new primary: {:?}",
         worker_state(&pg)
     );
-    let twice = check_streams(&expected, |stream| {
-        let reply: Vec<(String, Vec<String>)> = redis
-            .replica
-            .query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"))
-            .unwrap();
-        reply
-            .into_iter()
-            .map(|(_, f)| {
-                f[f.iter().position(|x| x == "id").unwrap() + 1]
-                    .parse()
-                    .unwrap()
-            })
-            .collect()
-    });
+    let twice = check_streams(&expected, |stream| redis.replica.ids(stream));
     assert_eq!(twice, 0);
     let charged: i64 = client
         .query_one("SELECT count(*) FROM outbox WHERE attempts > 0", &[])

@@ -88,6 +88,31 @@ impl Node {
     pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         cmd.query(&mut self.conn()?)
     }
+
+    /// The `id` field of every entry of a stream on this node, in stream order.
+    pub fn ids(&self, stream: &str) -> Vec<i64> {
+        stream_ids(
+            stream,
+            &mut self.conn().expect("cannot connect to the node"),
+        )
+    }
+}
+
+/// The `id` field of every entry of `stream`, in stream order, read over `connection`.
+fn stream_ids(stream: &str, connection: &mut impl redis::ConnectionLike) -> Vec<i64> {
+    let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query(connection)
+        .expect("XRANGE failed");
+    reply
+        .into_iter()
+        .map(|(_, flat)| {
+            let at = flat.iter().position(|f| f == "id").expect("no id field");
+            flat[at + 1].parse().expect("id is not a number")
+        })
+        .collect()
 }
 
 impl Drop for Node {
@@ -274,19 +299,7 @@ impl Cluster {
 
     /// The `id` field of every entry of a stream, in stream order.
     pub fn ids(&self, stream: &str) -> Vec<i64> {
-        let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg("-")
-            .arg("+")
-            .query(&mut self.client())
-            .expect("XRANGE failed");
-        reply
-            .into_iter()
-            .map(|(_, flat)| {
-                let at = flat.iter().position(|f| f == "id").expect("no id field");
-                flat[at + 1].parse().expect("id is not a number")
-            })
-            .collect()
+        stream_ids(stream, &mut self.client())
     }
 
     pub fn xlen(&self, stream: &str) -> usize {
