@@ -27,20 +27,37 @@ CREATE TABLE @extschema@.outbox (
     published_at timestamptz,
     attempts     int NOT NULL DEFAULT 0,
     last_error   text,
-    -- Set when Redis rejected the event: the relay tries it again from then on. Kept in the
-    -- table, so every worker honours it and a restart does not forget it.
-    next_attempt_at timestamptz
+    -- Set when Redis rejected the event, or when it was enqueued with deliver_after: the relay
+    -- claims it from then on. Kept in the table, so every worker honours it and a restart does
+    -- not forget it.
+    next_attempt_at timestamptz,
+    -- What outbox_enqueue was given beside the topic and the payload; both go into the stream
+    -- entry when set.
+    key          text,
+    headers      jsonb,
+    -- The share of the relay the event belongs to, a hash of its key (else its topic) into
+    -- 0..1023, set by outbox_enqueue: each worker relays a range of lanes, so the events of one
+    -- key never go through two workers at once. A row inserted by hand stays in lane 0.
+    lane         smallint NOT NULL DEFAULT 0
 ) PARTITION BY HASH (id @extschema@.outbox_id_chunk_ops);
 COMMENT ON TABLE @extschema@.outbox IS
     'Events written by outbox_enqueue; the relay publishes them to Redis Streams and sets published_at.';
 
 -- The relay's claims read only unpublished rows: these indexes stay the size of the backlog
--- however much history is kept. Events waiting out a retry delay have an index of their own,
--- so that however many wait, claiming the others never steps over them.
-CREATE INDEX outbox_unpublished ON @extschema@.outbox (id)
+-- however much history is kept. The lane beside the id lets a worker skip the rows of other
+-- workers' lanes in the index, without reading them. Events waiting out a retry delay or a
+-- delivery delay have an index of their own, so that however many wait, claiming the others
+-- never steps over them; the events that failed have a small one, by lane and key (else topic;
+-- its first 200 characters, to stay within an index entry), which tells the relay whose later
+-- events must wait.
+CREATE INDEX outbox_unpublished ON @extschema@.outbox (id, lane)
     WHERE published_at IS NULL AND next_attempt_at IS NULL;
 CREATE INDEX outbox_retrying ON @extschema@.outbox (next_attempt_at)
     WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
+CREATE INDEX outbox_failing ON @extschema@.outbox
+    (lane, pg_catalog.left(COALESCE('k' OPERATOR(pg_catalog.||) key,
+                                               't' OPERATOR(pg_catalog.||) topic), 200), id)
+    WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0;
 
 -- The partitions, outbox_00 to outbox_15. Each row is inserted and marked once; the marks'
 -- old versions are what vacuum has to reclaim before the partition is truncated, so vacuum
@@ -74,6 +91,8 @@ CREATE TABLE @extschema@.outbox_dead (
     attempts     int NOT NULL,
     last_error   text,
     failed_at    timestamptz NOT NULL DEFAULT now(),
+    key          text,
+    headers      jsonb,
     PRIMARY KEY (id, created_at)
 );
 COMMENT ON TABLE @extschema@.outbox_dead IS
@@ -88,11 +107,20 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_dead', '');
 -- through search_path (its insert names @extschema@.outbox and passes parameters of the
 -- columns' own types), so callers' objects cannot hijack it, and every call is spared the
 -- GUC save and restore that such a clause costs. See src/enqueue.rs.
-CREATE FUNCTION @extschema@.outbox_enqueue(topic text, payload jsonb) RETURNS bigint
+CREATE FUNCTION @extschema@.outbox_enqueue(topic text, payload jsonb, key text DEFAULT NULL,
+                                          headers jsonb DEFAULT NULL,
+                                          deliver_after interval DEFAULT NULL) RETURNS bigint
     LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY DEFINER
     AS 'MODULE_PATHNAME', 'outbox_enqueue_wrapper';
-COMMENT ON FUNCTION @extschema@.outbox_enqueue(text, jsonb) IS
-    'Writes an event in the current transaction and returns its id; the relay publishes it after commit.';
+COMMENT ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, jsonb, interval) IS
+    'Writes an event in the current transaction and returns its id; the relay publishes it after commit (or once deliver_after has passed).';
+
+-- The lane outbox_enqueue gives an event of this key and topic; for rows inserted by hand.
+CREATE FUNCTION @extschema@.outbox_lane(key text, topic text) RETURNS smallint
+    LANGUAGE c IMMUTABLE PARALLEL SAFE
+    AS 'MODULE_PATHNAME', 'outbox_lane_wrapper';
+COMMENT ON FUNCTION @extschema@.outbox_lane(text, text) IS
+    'The relay lane of an event with this key (else this topic), as outbox_enqueue sets it.';
 
 CREATE FUNCTION @extschema@._outbox_wake() RETURNS void
     LANGUAGE c VOLATILE PARALLEL UNSAFE
@@ -106,10 +134,13 @@ CREATE FUNCTION @extschema@.outbox_redrive(id bigint) RETURNS boolean
     AS $$
     WITH moved AS (
         DELETE FROM @extschema@.outbox_dead d WHERE d.id = $1
-        RETURNING d.id, d.topic, d.payload, d.created_at, d.last_error
+        RETURNING d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
     ), back AS (
-        INSERT INTO @extschema@.outbox (id, topic, payload, created_at, attempts, last_error)
-        SELECT id, topic, payload, created_at, 0, last_error FROM moved
+        INSERT INTO @extschema@.outbox
+            (id, topic, payload, created_at, attempts, last_error, key, headers, lane)
+        SELECT id, topic, payload, created_at, 0, last_error, key, headers,
+               @extschema@.outbox_lane(key, topic)
+        FROM moved
         RETURNING 1
     )
     SELECT count(*) > 0 FROM back, LATERAL (SELECT @extschema@._outbox_wake()) w;
@@ -123,10 +154,13 @@ CREATE FUNCTION @extschema@.outbox_redrive_all() RETURNS bigint
     AS $$
     WITH moved AS (
         DELETE FROM @extschema@.outbox_dead d
-        RETURNING d.id, d.topic, d.payload, d.created_at, d.last_error
+        RETURNING d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
     ), back AS (
-        INSERT INTO @extschema@.outbox (id, topic, payload, created_at, attempts, last_error)
-        SELECT id, topic, payload, created_at, 0, last_error FROM moved ORDER BY id
+        INSERT INTO @extschema@.outbox
+            (id, topic, payload, created_at, attempts, last_error, key, headers, lane)
+        SELECT id, topic, payload, created_at, 0, last_error, key, headers,
+               @extschema@.outbox_lane(key, topic)
+        FROM moved ORDER BY id
         RETURNING 1
     )
     SELECT count(*) FROM back, LATERAL (SELECT @extschema@._outbox_wake()) w;
@@ -162,11 +196,15 @@ CREATE VIEW @extschema@.outbox_status AS
             WHERE published_at IS NULL AND next_attempt_at IS NULL)
         + (SELECT count(*) FROM @extschema@.outbox
             WHERE published_at IS NULL AND next_attempt_at IS NOT NULL) AS pending,
+        -- Since an event could be published: its commit, or its delivery time when delayed.
         now() - LEAST(
             (SELECT min(created_at) FROM @extschema@.outbox
                 WHERE published_at IS NULL AND next_attempt_at IS NULL),
             (SELECT min(created_at) FROM @extschema@.outbox
-                WHERE published_at IS NULL AND next_attempt_at IS NOT NULL))
+                WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0),
+            (SELECT min(next_attempt_at) FROM @extschema@.outbox
+                WHERE published_at IS NULL AND next_attempt_at IS NOT NULL
+                  AND next_attempt_at OPERATOR(pg_catalog.<=) now()))
             AS oldest_pending_age,
         (SELECT count(*) FROM @extschema@.outbox_dead) AS dead,
         @extschema@._outbox_last_published_at() AS last_published_at,
@@ -176,11 +214,19 @@ CREATE VIEW @extschema@.outbox_status AS
             AS workers_running;
 COMMENT ON VIEW @extschema@.outbox_status IS 'Backlog and health of the outbox, in one row.';
 
+CREATE VIEW @extschema@.outbox_blocked AS
+    SELECT o.id, o.topic, o.key, o.attempts, o.last_error, o.next_attempt_at
+    FROM @extschema@.outbox o
+    WHERE o.published_at IS NULL AND o.attempts OPERATOR(pg_catalog.>) 0;
+COMMENT ON VIEW @extschema@.outbox_blocked IS
+    'Events Redis rejected and not yet published: the later events of each one''s key (else topic) wait for it.';
+
 -- PUBLIC gets nothing that writes or reads events. An application role needs
--- GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb); a monitoring role needs
--- GRANT SELECT ON outbox_status, outbox_workers. The views call the two status functions as
--- the querying role, so those stay executable: they expose worker state, never events.
-REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb) FROM PUBLIC;
+-- GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb, interval); a monitoring
+-- role needs GRANT SELECT ON outbox_status, outbox_workers (and outbox_blocked, which shows
+-- topics and keys). The views call the status functions as the querying role, so those stay
+-- executable: they expose worker state, never events.
+REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, jsonb, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@._outbox_wake() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_redrive(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_redrive_all() FROM PUBLIC;

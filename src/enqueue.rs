@@ -1,4 +1,5 @@
-//! The write path: `outbox_enqueue(topic, payload)` and its input checks.
+//! The write path: `outbox_enqueue(topic, payload, key, headers, deliver_after)` and its input
+//! checks, and `outbox_lane(key, topic)`.
 //!
 //! The function is declared in `sql/outbox.sql` as SECURITY DEFINER, so a role needs only
 //! `EXECUTE` on it, never a privilege on the table. It resolves nothing through `search_path`:
@@ -16,7 +17,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, varlena, IntoDatum, PgLogLevel, PgSqlErrorCode};
 
-use crate::{gucs, insert, wake};
+use crate::{gucs, insert, lane, wake};
 
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.
 pub const MAX_TOPIC_BYTES: usize = 256;
@@ -30,6 +31,9 @@ pub enum InputError {
     TopicTooLong(usize),
     TopicControlCharacter(usize),
     PayloadTooLarge { size: usize, limit: usize },
+    HeadersNotObjectOfStrings,
+    HeadersTooLarge { size: usize, limit: usize },
+    NegativeDelay,
 }
 
 impl InputError {
@@ -40,10 +44,12 @@ impl InputError {
             }
             InputError::EmptyTopic
             | InputError::TopicTooLong(_)
-            | InputError::TopicControlCharacter(_) => {
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
+            | InputError::TopicControlCharacter(_)
+            | InputError::HeadersNotObjectOfStrings
+            | InputError::NegativeDelay => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            InputError::PayloadTooLarge { .. } | InputError::HeadersTooLarge { .. } => {
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED
             }
-            InputError::PayloadTooLarge { .. } => PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
         }
     }
 
@@ -61,6 +67,13 @@ impl InputError {
             InputError::PayloadTooLarge { size, limit } => format!(
                 "outbox_enqueue: payload is {size} bytes of JSON, larger than outbox.max_payload_size ({limit} bytes)"
             ),
+            InputError::HeadersNotObjectOfStrings => {
+                "outbox_enqueue: headers must be a JSON object whose values are strings".into()
+            }
+            InputError::HeadersTooLarge { size, limit } => format!(
+                "outbox_enqueue: headers are {size} bytes of JSON, larger than outbox.max_payload_size ({limit} bytes)"
+            ),
+            InputError::NegativeDelay => "outbox_enqueue: deliver_after must not be negative".into(),
         }
     }
 
@@ -73,7 +86,15 @@ impl InputError {
             InputError::PayloadTooLarge { .. } => Some(
                 "Store large data elsewhere and enqueue a reference to it, or raise outbox.max_payload_size.",
             ),
-            InputError::NullTopic | InputError::TopicTooLong(_) => None,
+            InputError::HeadersNotObjectOfStrings => Some(
+                "Pass headers such as '{\"traceparent\": \"00-...-01\"}', or NULL for none.",
+            ),
+            InputError::NegativeDelay => {
+                Some("Pass NULL or a positive interval such as '5 minutes'.")
+            }
+            InputError::NullTopic
+            | InputError::TopicTooLong(_)
+            | InputError::HeadersTooLarge { .. } => None,
         }
     }
 }
@@ -111,10 +132,13 @@ fn raise(error: InputError) -> ! {
     unreachable!("ereport(ERROR) returned")
 }
 
-/// `outbox_enqueue(topic text, payload jsonb) returns bigint`, declared in `sql/outbox.sql`.
+/// `outbox_enqueue(topic text, payload jsonb, key text, headers jsonb, deliver_after interval)
+/// returns bigint`, declared in `sql/outbox.sql`. The objects of versions before 0.5.0 declare it
+/// with the first two arguments only, and reach the same entry point.
 #[pg_extern(sql = false)]
 fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
-    // SAFETY: PostgreSQL calls this with two arguments, text and jsonb, as declared in SQL.
+    // SAFETY: PostgreSQL calls this with the arguments declared in SQL: text and jsonb, then
+    // (from 0.5.0) text, jsonb and interval, any of the last three null.
     unsafe {
         if pg_arg_is_null(fcinfo, 0) {
             raise(InputError::NullTopic);
@@ -124,23 +148,113 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         }
         let topic_datum = pg_getarg_datum_raw(fcinfo, 0);
         let payload_datum = pg_getarg_datum_raw(fcinfo, 1);
-        if let Err(error) = check_topic(text_bytes(topic_datum)) {
+        let topic = text_bytes(topic_datum);
+        if let Err(error) = check_topic(topic) {
             raise(error);
         }
-        if let Err(error) =
-            check_payload_size(json_text_len(payload_datum), gucs::max_payload_size())
-        {
+        let limit = gucs::max_payload_size();
+        if let Err(error) = check_payload_size(json_text_len(payload_datum), limit) {
             raise(error);
         }
+        let extra = (i32::from((*fcinfo).nargs) >= 5).then(|| {
+            let argument =
+                |n: usize| (!pg_arg_is_null(fcinfo, n)).then(|| pg_getarg_datum_raw(fcinfo, n));
+            let key = argument(2);
+            let headers = argument(3);
+            if let Some(headers) = headers {
+                if !is_object_of_strings(headers) {
+                    raise(InputError::HeadersNotObjectOfStrings);
+                }
+                let size = json_text_len(headers);
+                if size > limit {
+                    raise(InputError::HeadersTooLarge { size, limit });
+                }
+            }
+            let deliver_at = argument(4).and_then(|delay| deliver_at(delay));
+            insert::Extra {
+                lane: lane::lane_of(key.map(|k| text_bytes(k)), topic),
+                key,
+                headers,
+                deliver_at,
+            }
+        });
 
         let schema = pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid);
-        let id = insert::insert_event(schema, topic_datum, payload_datum);
+        let id = insert::insert_event(schema, topic_datum, payload_datum, extra.as_ref());
 
         if let Some(channel) = gucs::notify_channel_ptr() {
             notify(channel, topic_datum);
         }
-        wake::wake_relay_at_commit();
+        if extra
+            .as_ref()
+            .is_none_or(|extra| extra.deliver_at.is_none())
+        {
+            wake::wake_relay_at_commit();
+        }
         id
+    }
+}
+
+/// `outbox_lane(key text, topic text) returns smallint`: the lane `outbox_enqueue` gives an
+/// event with this key, or without one, this topic; null when both are null.
+#[pg_extern(sql = false)]
+fn outbox_lane(fcinfo: pg_sys::FunctionCallInfo) -> Option<i16> {
+    // SAFETY: PostgreSQL calls this with two text arguments, either of them null.
+    unsafe {
+        let argument = |n: usize| {
+            (!pg_arg_is_null(fcinfo, n)).then(|| text_bytes(pg_getarg_datum_raw(fcinfo, n)))
+        };
+        match (argument(0), argument(1)) {
+            (None, None) => None,
+            (key, topic) => Some(lane::lane_of(key, topic.unwrap_or_default())),
+        }
+    }
+}
+
+/// When an event enqueued with `deliver_after = delay` is due: the transaction's start plus the
+/// delay, or `None` for a delay of zero (due at once). A negative delay is refused.
+///
+/// # Safety
+/// `delay` must be a non-null interval datum.
+unsafe fn deliver_at(delay: pg_sys::Datum) -> Option<pg_sys::Datum> {
+    // SAFETY: the interval functions take two non-null datums of the types given.
+    unsafe {
+        let start = pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp());
+        let due = direct_function_call_as_datum(
+            pg_sys::timestamptz_pl_interval,
+            &[Some(start), Some(delay)],
+        )?;
+        let order = (due.value() as i64).cmp(&(start.value() as i64));
+        match order {
+            std::cmp::Ordering::Less => raise(InputError::NegativeDelay),
+            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Greater => Some(due),
+        }
+    }
+}
+
+/// Whether a jsonb datum is an object whose values are all strings.
+///
+/// # Safety
+/// `datum` must be a non-null jsonb datum.
+unsafe fn is_object_of_strings(datum: pg_sys::Datum) -> bool {
+    use pg_sys::JsonbIteratorToken::*;
+    // SAFETY: iterates over a detoasted jsonb in the call's memory context.
+    unsafe {
+        let jsonb = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
+        let mut iterator = pg_sys::JsonbIteratorInit(&raw mut (*jsonb).root);
+        let mut value: pg_sys::JsonbValue = std::mem::zeroed();
+        if pg_sys::JsonbIteratorNext(&mut iterator, &mut value, true) != WJB_BEGIN_OBJECT {
+            return false;
+        }
+        loop {
+            match pg_sys::JsonbIteratorNext(&mut iterator, &mut value, true) {
+                WJB_KEY => {}
+                WJB_VALUE if value.type_ == pg_sys::jbvType::jbvString => {}
+                WJB_END_OBJECT | WJB_DONE => return true,
+                _ => return false,
+            }
+        }
     }
 }
 

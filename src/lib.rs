@@ -14,6 +14,7 @@ mod databases;
 mod enqueue;
 mod gucs;
 mod insert;
+mod lane;
 mod redis_url;
 mod relay;
 mod ring;

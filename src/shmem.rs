@@ -380,6 +380,12 @@ impl Shared {
         &self.slots
     }
 
+    /// Where slot `index` stands among the slots assigned to `database`: its position, and how
+    /// many there are (at least 1).
+    pub fn ordinal_of(&self, index: usize, database: u32) -> (usize, usize) {
+        ordinal_among(self.slots.iter().map(WorkerSlot::database), index, database)
+    }
+
     /// The entry of database `oid`, if it has one.
     pub fn database(&self, oid: u32) -> Option<&DatabaseShare> {
         (oid != 0)
@@ -513,9 +519,39 @@ unsafe extern "C-unwind" fn startup_shmem() {
     }
 }
 
+/// Where slot `index` stands among the slots assigned to `database`, given each slot's database.
+fn ordinal_among(
+    databases: impl Iterator<Item = u32>,
+    index: usize,
+    database: u32,
+) -> (usize, usize) {
+    let (mut ordinal, mut count) = (0, 0);
+    for (at, assigned) in databases.enumerate() {
+        if assigned != database {
+            continue;
+        }
+        if at < index {
+            ordinal += 1;
+        }
+        count += 1;
+    }
+    (ordinal, count.max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_knows_its_place_among_its_databases_workers() {
+        let slots = [5, 7, 5, 0, 5, 7];
+        assert_eq!(ordinal_among(slots.into_iter(), 0, 5), (0, 3));
+        assert_eq!(ordinal_among(slots.into_iter(), 2, 5), (1, 3));
+        assert_eq!(ordinal_among(slots.into_iter(), 4, 5), (2, 3));
+        assert_eq!(ordinal_among(slots.into_iter(), 5, 7), (1, 2));
+        // A slot taken away from the database: the worker still has a share to hold.
+        assert_eq!(ordinal_among(slots.into_iter(), 3, 9), (0, 1));
+    }
 
     #[test]
     fn error_text_round_trips_and_clears() {

@@ -235,8 +235,8 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
 
 /// The script itself, called as the relay calls it: a marker from the previous period absorbs
 /// its event, a marker of an earlier event with the same id but another created_at does not,
-/// new markers record entry ids with the event's created_at, and a key error is reported per
-/// event with no marker written.
+/// new markers record entry ids with the event's created_at, an event's key and headers go into
+/// its entry when set, and a key error is reported per event with no marker written.
 #[test]
 fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     let redis = Redis::start();
@@ -270,6 +270,12 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
         }
         for id in ids {
             cmd.arg("t").arg(format!("{{\"n\": {id}}}")).arg(stamp);
+            // Key and headers: none for most, both for event 6 (an empty key is a key).
+            if *id == 6 {
+                cmd.arg("=").arg("={\"a\": \"b\"}");
+            } else {
+                cmd.arg("").arg("");
+            }
         }
         let mut replies: Vec<redis::Value> = pipe.query(conn).unwrap();
         replies.remove(0)
@@ -279,6 +285,9 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     };
     let entries = redis.entries("s");
     assert_eq!(redis.ids("s"), [4, 6], "the marked event was added again");
+    assert!(!entries[0].1.contains_key("key") && !entries[0].1.contains_key("headers"));
+    assert_eq!(entries[1].1["key"], "");
+    assert_eq!(entries[1].1["headers"], r#"{"a": "b"}"#);
     assert_eq!(
         reply,
         [

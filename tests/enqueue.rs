@@ -499,7 +499,9 @@ fn execute_privilege_is_all_an_application_needs() {
     assert_eq!(sqlstate(&error), "42501");
 
     admin
-        .batch_execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO app")
+        .batch_execute(
+            "GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb, interval) TO app",
+        )
         .unwrap();
     let mut app = pg.connect();
     app.batch_execute("SET ROLE app").unwrap();

@@ -74,6 +74,10 @@ pub struct Columns {
     pub payload: Option<usize>,
     pub created_at: Option<usize>,
     pub attempts: Option<usize>,
+    pub next_attempt_at: Option<usize>,
+    pub key: Option<usize>,
+    pub headers: Option<usize>,
+    pub lane: Option<usize>,
 }
 
 impl Columns {
@@ -87,6 +91,10 @@ impl Columns {
                 Some(b"payload") => &mut columns.payload,
                 Some(b"created_at") => &mut columns.created_at,
                 Some(b"attempts") => &mut columns.attempts,
+                Some(b"next_attempt_at") => &mut columns.next_attempt_at,
+                Some(b"key") => &mut columns.key,
+                Some(b"headers") => &mut columns.headers,
+                Some(b"lane") => &mut columns.lane,
                 _ => continue,
             };
             *slot = Some(at);
@@ -199,18 +207,30 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     }
 }
 
+/// What `outbox_enqueue` was given beyond the topic and the payload (from 0.5.0 on).
+pub struct Extra {
+    /// A text datum.
+    pub key: Option<pg_sys::Datum>,
+    /// A jsonb datum.
+    pub headers: Option<pg_sys::Datum>,
+    /// When the event is due (a timestamptz datum), if it is delayed.
+    pub deliver_at: Option<pg_sys::Datum>,
+    pub lane: i16,
+}
+
 /// Inserts the event into the `outbox` table of schema `schema` and returns its id.
 ///
 /// The columns' defaults are those of `sql/outbox.sql`: the next value of `outbox_id_seq`,
-/// the transaction's start time, and 0 attempts; the others are null. A table of another shape
-/// goes through [`statement::insert_statement`].
+/// the transaction's start time, 0 attempts and lane 0; the others are null unless `extra`
+/// sets them. A table of another shape goes through [`statement::insert_statement`].
 ///
 /// # Safety
-/// Both datums must be non-null, of types text and jsonb.
+/// Both datums must be non-null, of types text and jsonb; `extra`'s datums as it says.
 pub unsafe fn insert_event(
     schema: pg_sys::Oid,
     topic: pg_sys::Datum,
     payload: pg_sys::Datum,
+    extra: Option<&Extra>,
 ) -> i64 {
     // SAFETY: executor calls on the backend's only thread, in the order logical replication's
     // apply worker makes them for one row. An error anywhere aborts the transaction, whose
@@ -220,7 +240,7 @@ pub unsafe fn insert_event(
         let (target, rel) = open(schema, lockmode);
         if !target.plain {
             pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-            return statement::insert_statement(schema, topic, payload);
+            return statement::insert_statement(schema, topic, payload, extra);
         }
         // As an INSERT would; the function runs as the table's owner.
         let acl =
@@ -282,6 +302,23 @@ pub unsafe fn insert_event(
             pg_sys::GetCurrentTransactionStartTimestamp().into(),
         );
         set(columns.attempts, pg_sys::Datum::from(0_i32));
+        if columns.lane.is_some() {
+            set(
+                columns.lane,
+                pg_sys::Datum::from(extra.map_or(0, |e| e.lane)),
+            );
+        }
+        if let Some(extra) = extra {
+            if let Some(key) = extra.key {
+                set(columns.key, key);
+            }
+            if let Some(headers) = extra.headers {
+                set(columns.headers, headers);
+            }
+            if let Some(due) = extra.deliver_at {
+                set(columns.next_attempt_at, due);
+            }
+        }
         pg_sys::ExecStoreVirtualTuple(slot);
 
         match &leaf.indexes {
@@ -464,7 +501,7 @@ mod tests {
 
     #[test]
     fn columns_are_found_by_name_and_dropped_ones_skipped() {
-        let names: [Option<&[u8]>; 8] = [
+        let names: [Option<&[u8]>; 9] = [
             Some(b"id"),
             None,
             Some(b"topic"),
@@ -473,6 +510,7 @@ mod tests {
             Some(b"published_at"),
             Some(b"attempts"),
             Some(b"extra"),
+            Some(b"lane"),
         ];
         assert_eq!(
             Columns::find(names.into_iter()),
@@ -482,6 +520,8 @@ mod tests {
                 payload: Some(3),
                 created_at: Some(4),
                 attempts: Some(6),
+                lane: Some(8),
+                ..Columns::default()
             }
         );
         assert_eq!(Columns::find([None, Some(&b"x"[..])].into_iter()).id, None);

@@ -7,20 +7,24 @@ use pgrx::pg_sys;
 
 use crate::compat;
 
-/// Whether `rel` has the columns, types and defaults of `sql/outbox.sql`, and nothing more.
+/// Whether `rel` has the columns, types and defaults of `sql/outbox.sql`, and nothing more: those
+/// of 0.5.0, or those of the versions before it (without `key`, `headers` and `lane`).
 ///
 /// # Safety
 /// `rel` must be open; `sequence` is the OID of its id sequence.
 pub unsafe fn has_plain_shape(rel: pg_sys::Relation, sequence: pg_sys::Oid) -> bool {
-    use pg_sys::{INT4OID, INT8OID, JSONBOID, TEXTOID, TIMESTAMPTZOID};
+    use pg_sys::{INT2OID, INT4OID, INT8OID, JSONBOID, TEXTOID, TIMESTAMPTZOID};
     #[derive(PartialEq)]
     enum Default {
         None,
         NextvalOf(pg_sys::Oid),
         Now,
         Zero,
+        ZeroInt2,
     }
+    /// Columns before 0.5.0, and the three it added.
     const COLUMNS: usize = 8;
+    const ADDED: usize = 3;
     // SAFETY: reads of an open relation's tuple descriptor and of its default expressions.
     unsafe {
         let attributes = compat::attributes((*rel).rd_att);
@@ -31,8 +35,9 @@ pub unsafe fn has_plain_shape(rel: pg_sys::Relation, sequence: pg_sys::Oid) -> b
             }
             let (ty, default) = match CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() {
                 b"id" => (INT8OID, Default::NextvalOf(sequence)),
-                b"topic" | b"last_error" => (TEXTOID, Default::None),
-                b"payload" => (JSONBOID, Default::None),
+                b"topic" | b"last_error" | b"key" => (TEXTOID, Default::None),
+                b"payload" | b"headers" => (JSONBOID, Default::None),
+                b"lane" => (INT2OID, Default::ZeroInt2),
                 b"created_at" => (TIMESTAMPTZOID, Default::Now),
                 b"published_at" | b"next_attempt_at" => (TIMESTAMPTZOID, Default::None),
                 b"attempts" => (INT4OID, Default::Zero),
@@ -53,6 +58,8 @@ pub unsafe fn has_plain_shape(rel: pg_sys::Relation, sequence: pg_sys::Oid) -> b
                     }
                 } else if const_value(node, INT4OID) == Some(0) {
                     Default::Zero
+                } else if const_value(node, INT2OID) == Some(0) {
+                    Default::ZeroInt2
                 } else {
                     return false;
                 }
@@ -64,7 +71,7 @@ pub unsafe fn has_plain_shape(rel: pg_sys::Relation, sequence: pg_sys::Oid) -> b
             }
             found += 1;
         }
-        found == COLUMNS
+        found == COLUMNS || found == COLUMNS + ADDED
     }
 }
 

@@ -11,11 +11,12 @@ use pgrx::prelude::*;
 /// literals, which PostgreSQL reads with the columns' own input functions, whatever their types.
 ///
 /// # Safety
-/// Both datums must be non-null, of types text and jsonb.
+/// Both datums must be non-null, of types text and jsonb; `extra`'s datums as it says.
 pub unsafe fn insert_statement(
     schema: pg_sys::Oid,
     topic: pg_sys::Datum,
     payload: pg_sys::Datum,
+    extra: Option<&super::Extra>,
 ) -> i64 {
     // SAFETY: catalog reads and an SPI statement inside the caller's transaction; every string
     // is palloc'd in the call's memory context and NUL-terminated.
@@ -25,20 +26,54 @@ pub unsafe fn insert_statement(
             error!("outbox_enqueue: the extension's schema is missing");
         }
         let table = pg_sys::quote_qualified_identifier(namespace, c"outbox".as_ptr());
-        let topic = pg_sys::quote_literal_cstr(pg_sys::text_to_cstring(topic.cast_mut_ptr()));
-        let jsonb = pg_sys::pg_detoast_datum(payload.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
-        let json = pg_sys::JsonbToCString(
-            std::ptr::null_mut(),
-            &raw mut (*jsonb).root,
-            pgrx::varlena::varsize_any(jsonb.cast()) as i32,
-        );
-        let json = pg_sys::quote_literal_cstr(json);
+        let text = |datum: pg_sys::Datum| {
+            let literal = pg_sys::quote_literal_cstr(pg_sys::text_to_cstring(datum.cast_mut_ptr()));
+            CStr::from_ptr(literal).to_bytes().to_vec()
+        };
+        let json = |datum: pg_sys::Datum| {
+            let jsonb = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
+            let json = pg_sys::JsonbToCString(
+                std::ptr::null_mut(),
+                &raw mut (*jsonb).root,
+                pgrx::varlena::varsize_any(jsonb.cast()) as i32,
+            );
+            CStr::from_ptr(pg_sys::quote_literal_cstr(json))
+                .to_bytes()
+                .to_vec()
+        };
+        let mut columns: Vec<&[u8]> = vec![b"topic", b"payload"];
+        let mut values = vec![text(topic), json(payload)];
+        if let Some(extra) = extra {
+            columns.push(b"lane");
+            values.push(extra.lane.to_string().into_bytes());
+            if let Some(key) = extra.key {
+                columns.push(b"key");
+                values.push(text(key));
+            }
+            if let Some(headers) = extra.headers {
+                columns.push(b"headers");
+                values.push(json(headers));
+            }
+            if let Some(due) = extra.deliver_at {
+                // Microseconds since 2000-01-01 UTC, PostgreSQL's own epoch: exact, whatever the
+                // session's DateStyle and TimeZone.
+                columns.push(b"next_attempt_at");
+                values.push(
+                    format!(
+                        "CAST('2000-01-01 00:00:00+00' AS pg_catalog.timestamptz) \
+                         OPERATOR(pg_catalog.+) CAST('{} microseconds' AS pg_catalog.interval)",
+                        due.value() as i64
+                    )
+                    .into_bytes(),
+                );
+            }
+        }
         let mut sql = b"INSERT INTO ".to_vec();
         sql.extend_from_slice(CStr::from_ptr(table).to_bytes());
-        sql.extend_from_slice(b" (topic, payload) VALUES (");
-        sql.extend_from_slice(CStr::from_ptr(topic).to_bytes());
-        sql.extend_from_slice(b", ");
-        sql.extend_from_slice(CStr::from_ptr(json).to_bytes());
+        sql.extend_from_slice(b" (");
+        sql.extend_from_slice(&columns.join(&b", "[..]));
+        sql.extend_from_slice(b") VALUES (");
+        sql.extend_from_slice(&values.join(&b", "[..]));
         sql.extend_from_slice(b") RETURNING id::pg_catalog.int8");
         let sql = std::ffi::CString::new(sql).unwrap_or_default();
 

@@ -10,13 +10,20 @@ use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
 
-use super::claim::{Claimed, Failure};
+use super::claim::{self, Claimed, Failure, Scope};
+use super::encode::Ordering;
+use super::order::PassOrder;
 use super::publish::{Interrupted, Reply};
 use super::worker::{self, End};
 use super::{backoff, encode, retry, Pass, Relay};
-use crate::redis_url;
 use crate::ring;
 use crate::shmem::WorkerState;
+use crate::{lane, redis_url};
+
+/// How long a worker that saw no failed event in its lanes trusts that, before looking again:
+/// an event charged by another worker (before the shares moved) or put back by hand is noticed
+/// this late, whereas the worker's own failures are noticed at once.
+const FAILING_RECHECK: Duration = Duration::from_millis(100);
 
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
@@ -53,18 +60,29 @@ impl Relay {
     pub(super) fn relay_batch(&mut self) -> Batch {
         let batch_size = self.settings.batch_size;
         let chunk = chunk_size(batch_size);
-        let Some(statements) = self.extension.find(self.index) else {
+        if self.extension.find(self.index).is_none() {
+            return Batch::nothing(Pass::NoExtension);
+        }
+        let Some(mut scope) = self.scope() else {
+            // A worker whose share this was is finishing its batch: wait for it.
+            return Batch::nothing(Pass::Drained);
+        };
+        let Some(statements) = self.extension.statements() else {
             return Batch::nothing(Pass::NoExtension);
         };
-        let mut next = statements.claim(chunk, self.claim_above.take());
+        let mut next = statements.claim(chunk, self.claim_above.take(), &scope);
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
         // The highest id claimed so far: the next claim looks past it first.
         let mut highest: Option<i64> = None;
+        let mut order = PassOrder::default();
         while next.len() > 0 {
             let got = next.len();
             claimed += got;
-            let Claimed { events, unreadable } = next;
+            let Claimed {
+                mut events,
+                unreadable,
+            } = next;
             highest = events
                 .iter()
                 .map(|e| e.id)
@@ -74,14 +92,15 @@ impl Relay {
             if !unreadable.is_empty() {
                 self.charge_failures(unreadable);
             }
-            let sent: Vec<(i64, String, i32)> = events
+            order.admit(&mut events);
+            let sent: Vec<(i64, String, i32, Option<String>)> = events
                 .iter()
-                .map(|e| (e.id, e.topic.clone(), e.attempts))
+                .map(|e| (e.id, e.topic.clone(), e.attempts, e.key.clone()))
                 .collect();
             if sent.is_empty() {
                 next = match self.extension.statements() {
                     Some(statements) if got == chunk && claimed < batch_size => {
-                        statements.claim(chunk.min(batch_size - claimed), highest)
+                        statements.claim(chunk.min(batch_size - claimed), highest, &scope)
                     }
                     _ => Claimed::default(),
                 };
@@ -96,7 +115,7 @@ impl Relay {
             // Written while Redis works; undone by the rollback if Redis fails.
             statements.mark_published(sent.iter().map(|e| e.0).collect());
             next = if got == chunk && claimed < batch_size {
-                statements.claim(chunk.min(batch_size - claimed), highest)
+                statements.claim(chunk.min(batch_size - claimed), highest, &scope)
             } else {
                 Claimed::default()
             };
@@ -123,12 +142,17 @@ impl Relay {
             // Failed ones included: a later time than their rows' marks only delays emptying.
             batch.leaves |= sent
                 .iter()
-                .fold(0, |leaves, (id, _, _)| leaves | 1 << ring::leaf_of(*id));
+                .fold(0, |leaves, (id, ..)| leaves | 1 << ring::leaf_of(*id));
+            let published = sent.len();
             let failures: Vec<Failure> = sent
                 .into_iter()
                 .zip(results)
-                .filter_map(|((id, topic, attempts), result)| {
+                .filter_map(|((id, topic, attempts, key), result)| {
                     result.err().map(|error| Failure {
+                        ordering: Some(match key {
+                            Some(key) => Ordering::Key(key),
+                            None => Ordering::Topic(topic.clone()),
+                        }),
                         id,
                         topic,
                         attempts,
@@ -137,8 +161,21 @@ impl Relay {
                     })
                 })
                 .collect();
-            batch.published += (got - failures.len()) as u64;
+            batch.published += (published - failures.len()) as u64;
             if !failures.is_empty() {
+                // The later events of their keys wait: those claimed in this pass are held back
+                // (unmarked, they are claimed again once the failed event is out), and the
+                // claims after this one pass them by in SQL.
+                for failure in &failures {
+                    order.hold(
+                        failure
+                            .ordering
+                            .clone()
+                            .unwrap_or(Ordering::Topic(failure.topic.clone())),
+                    );
+                }
+                scope.failing = true;
+                self.failing = true;
                 // Unmarked, and scheduled for later: the claims left in this transaction pass
                 // them by.
                 self.charge_failures(failures);
@@ -146,10 +183,43 @@ impl Relay {
         }
         if claimed == batch_size {
             batch.pass = Pass::Full;
-            // A backlog: the next pass, if this one commits, claims past this one first.
-            self.claim_above = highest;
+            // A backlog: the next pass, if this one commits, claims past this one first; unless
+            // events were held back, which must go before their keys' later ones.
+            if !order.deferred() {
+                self.claim_above = highest;
+            }
+        } else if order.deferred() && batch.published > 0 {
+            // Events held back for going to another stream than their key's earlier ones: the
+            // next pass sends them, at once rather than at the next wake-up.
+            batch.pass = Pass::Full;
         }
         batch
+    }
+
+    /// What this pass may claim: the lanes of the worker's share, once it holds their groups'
+    /// locks (`None` while another worker still does), and whether an event in them has failed.
+    /// That is looked up at most every [`FAILING_RECHECK`] while nothing has failed, and on
+    /// every pass while something has.
+    fn scope(&mut self) -> Option<Scope> {
+        let (ordinal, workers) = self.ordinal();
+        let share = lane::share(ordinal, workers);
+        if !claim::hold_groups(share.groups.clone()) {
+            return None;
+        }
+        let now = Instant::now();
+        let stale = self
+            .failing_checked_at
+            .is_none_or(|at| now.duration_since(at) >= FAILING_RECHECK);
+        if self.failing || stale {
+            if let Some(statements) = self.extension.statements() {
+                self.failing = statements.any_failing(&share.lanes);
+                self.failing_checked_at = Some(now);
+            }
+        }
+        Some(Scope {
+            lanes: share.lanes,
+            failing: self.failing,
+        })
     }
 
     /// Redis could not be used: the transaction rolls back, and the worker backs off.

@@ -13,7 +13,7 @@ use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
 use pgrx::{PgOid, PgTryBuilder};
 
-use super::encode::{ascii_safe, Event};
+use super::encode::{ascii_safe, Event, Ordering};
 use crate::ring::{self, LEAVES};
 
 /// The schema the extension with oid `oid` lives in, and its installed version.
@@ -46,6 +46,8 @@ impl Claimed {
 pub struct Failure {
     pub id: i64,
     pub topic: String,
+    /// What keeps the event's order, when it was read.
+    pub ordering: Option<Ordering>,
     /// Attempts charged before this one.
     pub attempts: i32,
     pub error: String,
@@ -59,14 +61,65 @@ pub struct Charged {
     pub attempts: i32,
 }
 
+/// Takes, for the current transaction, the lock of each lane group in `groups` without waiting;
+/// false if another process holds one of them (a worker whose share this was, still finishing
+/// its batch). The locks are advisory locks of a kind SQL cannot take (`objsubid` 3 in
+/// `pg_locks`), so no session can hold the relay up by taking them.
+pub fn hold_groups(groups: std::ops::Range<u32>) -> bool {
+    groups.into_iter().all(|group| {
+        let tag = pg_sys::LOCKTAG {
+            // SAFETY: reads this process's database.
+            locktag_field1: unsafe { pg_sys::MyDatabaseId.to_u32() },
+            // "obox"
+            locktag_field2: 0x6f62_6f78,
+            locktag_field3: group,
+            locktag_field4: 3,
+            locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+            locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+        };
+        // SAFETY: a transaction lock taken without waiting, inside the worker's transaction.
+        let result = unsafe {
+            pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true)
+        };
+        result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+    })
+}
+
+/// Which of the table's events a claim may take: the lanes of this worker's share, and whether
+/// some event in them failed (its key's later events must then wait for it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    pub lanes: std::ops::Range<i16>,
+    pub failing: bool,
+}
+
+/// The two forms of each claim: for when no event in the worker's lanes has failed, and for when
+/// one has, which passes by the events of a key (else topic) behind an earlier one that failed.
+struct Claim {
+    plain: OwnedPreparedStatement,
+    guarded: OwnedPreparedStatement,
+}
+
+impl Claim {
+    fn for_scope(&self, scope: &Scope) -> &OwnedPreparedStatement {
+        if scope.failing {
+            &self.guarded
+        } else {
+            &self.plain
+        }
+    }
+}
+
 /// The prepared statements of one installation of the extension.
 pub struct Statements {
     pub extension: pg_sys::Oid,
-    claim_fresh: OwnedPreparedStatement,
+    claim_fresh: Claim,
     /// The fresh claim above an id, and at or below one (see [`Statements::claim`]).
-    claim_fresh_above: OwnedPreparedStatement,
-    claim_fresh_upto: OwnedPreparedStatement,
-    claim_due: OwnedPreparedStatement,
+    claim_fresh_above: Claim,
+    claim_fresh_upto: Claim,
+    claim_due: Claim,
+    /// Whether an event in a range of lanes has failed and is not yet published.
+    failing: OwnedPreparedStatement,
     /// One per partition of the ring: a mark through the partitioned table would look for
     /// every id in every partition (hash partitions are not pruned for `= ANY` of a parameter).
     mark: Vec<OwnedPreparedStatement>,
@@ -85,51 +138,92 @@ fn prepare(sql: &str, args: &[pg_sys::Oid]) -> OwnedPreparedStatement {
 }
 
 /// The columns every claim returns, in the order [`read_events`] reads them.
-const CLAIMED_COLUMNS: &str = "o.id, o.topic, o.payload::pg_catalog.text, o.created_at, o.attempts";
+const CLAIMED_COLUMNS: &str =
+    "o.id, o.topic, o.payload::pg_catalog.text, o.created_at, o.attempts, \
+                               o.key, o.headers::pg_catalog.text";
+
+/// Prepares a claim in its two forms. `filter` follows `WHERE`, `order` is the `ORDER BY` list;
+/// `$1` is the limit, `$2` and `$3` the worker's lanes, and `$4` (of type `extra`) is free.
+fn prepare_claim(schema: &str, filter: &str, order: &str, extra: Option<pg_sys::Oid>) -> Claim {
+    let mut args = vec![pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID];
+    args.extend(extra);
+    let statement = |guard: &str| {
+        format!(
+            "SELECT {CLAIMED_COLUMNS} FROM {schema}.outbox o \
+             WHERE {filter} \
+               AND o.lane OPERATOR(pg_catalog.>=) $2 AND o.lane OPERATOR(pg_catalog.<) $3{guard} \
+             ORDER BY {order} LIMIT $1 FOR UPDATE SKIP LOCKED"
+        )
+    };
+    // An event waits while an earlier one of its key (else of its topic, among events without a
+    // key) has failed and is not yet published: that one goes first, or to outbox_dead. The
+    // failing events have an index of their own, by lane and the start of the key (the
+    // expression below, as `sql/outbox.sql` writes it), so the check reads only the entries of
+    // the same key. `OFFSET 0` keeps the planner from turning the check into an anti-join
+    // that reads every failed event (a hash of 30,000 of them took 50 ms a claim); as a
+    // subquery run per claimed row, it is one index probe per partition.
+    let identity = |t: &str| {
+        format!(
+            "COALESCE('k' OPERATOR(pg_catalog.||) {t}.key, \
+                                 't' OPERATOR(pg_catalog.||) {t}.topic)"
+        )
+    };
+    let (failed, claimed) = (identity("f"), identity("o"));
+    let guard = format!(
+        " AND NOT EXISTS (SELECT FROM {schema}.outbox f \
+             WHERE f.published_at IS NULL AND f.attempts OPERATOR(pg_catalog.>) 0 \
+               AND f.lane OPERATOR(pg_catalog.=) o.lane \
+               AND pg_catalog.left({failed}, 200) OPERATOR(pg_catalog.=) \
+                   pg_catalog.left({claimed}, 200) \
+               AND f.id OPERATOR(pg_catalog.<) o.id \
+               AND {failed} OPERATOR(pg_catalog.=) {claimed} \
+             OFFSET 0)"
+    );
+    Claim {
+        plain: prepare(&statement(""), &args),
+        guarded: prepare(&statement(&guard), &args),
+    }
+}
 
 impl Statements {
     pub fn prepare(extension: pg_sys::Oid, schema: &str) -> Statements {
         let s = spi::quote_identifier(schema);
+        let fresh = "o.published_at IS NULL AND o.next_attempt_at IS NULL";
         Statements {
             extension,
             // Events that never failed, in id order, through the partial index that holds
-            // only them.
-            claim_fresh: prepare(
-                &format!(
-                    "SELECT {CLAIMED_COLUMNS} FROM {s}.outbox o \
-                     WHERE o.published_at IS NULL AND o.next_attempt_at IS NULL \
-                     ORDER BY o.id LIMIT $1 FOR UPDATE SKIP LOCKED"
-                ),
-                &[pg_sys::INT8OID],
+            // only them; the lanes beside the ids pass by other workers' events in the index.
+            claim_fresh: prepare_claim(&s, fresh, "o.id", None),
+            claim_fresh_above: prepare_claim(
+                &s,
+                &format!("{fresh} AND o.id OPERATOR(pg_catalog.>) $4"),
+                "o.id",
+                Some(pg_sys::INT8OID),
             ),
-            claim_fresh_above: prepare(
-                &format!(
-                    "SELECT {CLAIMED_COLUMNS} FROM {s}.outbox o \
-                     WHERE o.published_at IS NULL AND o.next_attempt_at IS NULL \
-                       AND o.id OPERATOR(pg_catalog.>) $2 \
-                     ORDER BY o.id LIMIT $1 FOR UPDATE SKIP LOCKED"
-                ),
-                &[pg_sys::INT8OID, pg_sys::INT8OID],
+            claim_fresh_upto: prepare_claim(
+                &s,
+                &format!("{fresh} AND o.id OPERATOR(pg_catalog.<=) $4"),
+                "o.id",
+                Some(pg_sys::INT8OID),
             ),
-            claim_fresh_upto: prepare(
-                &format!(
-                    "SELECT {CLAIMED_COLUMNS} FROM {s}.outbox o \
-                     WHERE o.published_at IS NULL AND o.next_attempt_at IS NULL \
-                       AND o.id OPERATOR(pg_catalog.<=) $2 \
-                     ORDER BY o.id LIMIT $1 FOR UPDATE SKIP LOCKED"
-                ),
-                &[pg_sys::INT8OID, pg_sys::INT8OID],
+            // Events whose retry delay or delivery delay is over, through the index of waiting
+            // events: however many wait, only the due ones are read.
+            claim_due: prepare_claim(
+                &s,
+                "o.published_at IS NULL \
+                 AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()",
+                // Among due events of one key only the earliest passes the check above, so
+                // the index's order is enough.
+                "o.next_attempt_at",
+                None,
             ),
-            // Events whose retry delay is over, through the index of waiting events: however
-            // many wait, only the due ones are read.
-            claim_due: prepare(
+            failing: prepare(
                 &format!(
-                    "SELECT {CLAIMED_COLUMNS} FROM {s}.outbox o \
-                     WHERE o.published_at IS NULL \
-                       AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now() \
-                     ORDER BY o.next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED"
+                    "SELECT EXISTS (SELECT FROM {s}.outbox f \
+                     WHERE f.published_at IS NULL AND f.attempts OPERATOR(pg_catalog.>) 0 \
+                       AND f.lane OPERATOR(pg_catalog.>=) $1 AND f.lane OPERATOR(pg_catalog.<) $2)"
                 ),
-                &[pg_sys::INT8OID],
+                &[pg_sys::INT2OID, pg_sys::INT2OID],
             ),
             mark: (0..LEAVES)
                 .map(|leaf| {
@@ -170,24 +264,38 @@ impl Statements {
                 &format!(
                     "WITH moved AS (DELETE FROM {s}.outbox o WHERE o.id OPERATOR(pg_catalog.=) ANY ($1) \
                        RETURNING o.id, o.topic, o.payload, o.created_at, o.published_at, \
-                                 o.attempts, o.last_error) \
+                                 o.attempts, o.last_error, o.key, o.headers) \
                      INSERT INTO {s}.outbox_dead \
-                       (id, topic, payload, created_at, published_at, attempts, last_error, failed_at) \
+                       (id, topic, payload, created_at, published_at, attempts, last_error, \
+                        failed_at, key, headers) \
                      SELECT id, topic, payload, created_at, published_at, attempts, last_error, \
-                            pg_catalog.now() \
+                            pg_catalog.now(), key, headers \
                      FROM moved \
                      ON CONFLICT (id, created_at) DO UPDATE SET \
                        topic = excluded.topic, payload = excluded.payload, \
                        published_at = excluded.published_at, attempts = excluded.attempts, \
-                       last_error = excluded.last_error, failed_at = excluded.failed_at"
+                       last_error = excluded.last_error, failed_at = excluded.failed_at, \
+                       key = excluded.key, headers = excluded.headers"
                 ),
                 &[pg_sys::INT8ARRAYOID],
             ),
         }
     }
 
-    /// Claims up to `limit` events, skipping rows other workers hold: first those that never
-    /// failed, in id order, then those whose retry is due. Returned in id order.
+    /// Whether an event in `lanes` has failed and is not yet published.
+    pub fn any_failing(&self, lanes: &std::ops::Range<i16>) -> bool {
+        Spi::connect_mut(|client| {
+            client
+                .update(&self.failing, None, &[lanes.start.into(), lanes.end.into()])
+                .and_then(|table| table.first().get::<bool>(1))
+                .unwrap_or_else(|e| error!("outbox relay: looking for failed events failed: {e}"))
+                .unwrap_or(false)
+        })
+    }
+
+    /// Claims up to `limit` events of the lanes in `scope`, skipping rows other workers hold:
+    /// first those that never failed, in id order, then those whose retry or delivery is due.
+    /// Returned in id order.
     ///
     /// With `above`, the fresh events are looked for past that id first, and at or below it
     /// only if there are not enough past it. A relay draining a backlog claims past what it
@@ -195,14 +303,16 @@ impl Statements {
     /// vacuum last came (up to a run of 65,536 in the partition being written), and a claim from
     /// the start steps over all of them. Rows below (a transaction that committed late, a
     /// batch another worker rolled back) are claimed as soon as a claim finds too few above.
-    pub fn claim(&self, limit: usize, above: Option<i64>) -> Claimed {
+    pub fn claim(&self, limit: usize, above: Option<i64>, scope: &Scope) -> Claimed {
+        let run = |claim: &Claim, limit: usize, id: Option<i64>| {
+            run_claim(claim.for_scope(scope), limit, &scope.lanes, id)
+        };
         let mut claimed = match above {
-            None => run_claim(&self.claim_fresh, limit, None),
+            None => run(&self.claim_fresh, limit, None),
             Some(above) => {
-                let mut claimed = run_claim(&self.claim_fresh_above, limit, Some(above));
+                let mut claimed = run(&self.claim_fresh_above, limit, Some(above));
                 if claimed.len() < limit {
-                    let below =
-                        run_claim(&self.claim_fresh_upto, limit - claimed.len(), Some(above));
+                    let below = run(&self.claim_fresh_upto, limit - claimed.len(), Some(above));
                     claimed.events.splice(0..0, below.events);
                     claimed.unreadable.extend(below.unreadable);
                 }
@@ -210,7 +320,7 @@ impl Statements {
             }
         };
         if claimed.len() < limit {
-            let due = run_claim(&self.claim_due, limit - claimed.len(), None);
+            let due = run(&self.claim_due, limit - claimed.len(), None);
             if !due.events.is_empty() || !due.unreadable.is_empty() {
                 claimed.events.extend(due.events);
                 claimed.unreadable.extend(due.unreadable);
@@ -273,9 +383,15 @@ impl Statements {
     }
 }
 
-fn run_claim(statement: &OwnedPreparedStatement, limit: usize, id: Option<i64>) -> Claimed {
+fn run_claim(
+    statement: &OwnedPreparedStatement,
+    limit: usize,
+    lanes: &std::ops::Range<i16>,
+    id: Option<i64>,
+) -> Claimed {
     Spi::connect_mut(|client| {
-        let mut args: Vec<DatumWithOid> = vec![(limit as i64).into()];
+        let mut args: Vec<DatumWithOid> =
+            vec![(limit as i64).into(), lanes.start.into(), lanes.end.into()];
         args.extend(id.map(DatumWithOid::from));
         let table = client
             .update(statement, None, &args)
@@ -304,29 +420,41 @@ fn read_events(mut table: SpiTupleTable) -> Claimed {
         let attempts = table.get::<i32>(5).ok().flatten().unwrap_or(0);
         let topic = utf8_column(&table, 2, "topic");
         let payload = utf8_column(&table, 3, "payload");
-        match (topic, payload, created_at) {
-            (Ok(topic), Ok(payload), Some(created_at)) => claimed.events.push(Event {
-                id,
-                topic,
-                payload,
-                created_at,
-                attempts,
-            }),
-            (topic, payload, created_at) => {
-                let error = [topic.as_ref().err(), payload.as_ref().err()]
-                    .into_iter()
-                    .flatten()
-                    .next()
-                    .cloned()
-                    .or_else(|| {
-                        created_at
-                            .is_none()
-                            .then(|| "created_at is null".to_string())
-                    })
-                    .unwrap_or_default();
+        let key = optional_utf8_column(&table, 6, "key");
+        let headers = optional_utf8_column(&table, 7, "headers");
+        match (topic, payload, key, headers, created_at) {
+            (Ok(topic), Ok(payload), Ok(key), Ok(headers), Some(created_at)) => {
+                claimed.events.push(Event {
+                    id,
+                    topic,
+                    payload,
+                    created_at,
+                    attempts,
+                    key,
+                    headers,
+                })
+            }
+            (topic, payload, key, headers, created_at) => {
+                let error = [
+                    topic.as_ref().err(),
+                    payload.as_ref().err(),
+                    key.as_ref().err(),
+                    headers.as_ref().err(),
+                ]
+                .into_iter()
+                .flatten()
+                .next()
+                .cloned()
+                .or_else(|| {
+                    created_at
+                        .is_none()
+                        .then(|| "created_at is null".to_string())
+                })
+                .unwrap_or_default();
                 claimed.unreadable.push(Failure {
                     id,
                     topic: topic.unwrap_or_default(),
+                    ordering: None,
                     attempts,
                     error,
                     permanent: true,
@@ -335,6 +463,18 @@ fn read_events(mut table: SpiTupleTable) -> Claimed {
         }
     }
     claimed
+}
+
+/// The text in column `ordinal` of the current row, as UTF-8, or `None` when it is null.
+fn optional_utf8_column(
+    table: &SpiTupleTable,
+    ordinal: usize,
+    name: &str,
+) -> Result<Option<String>, String> {
+    match table.get_datum_by_ordinal(ordinal) {
+        Ok(None) => Ok(None),
+        _ => utf8_column(table, ordinal, name).map(Some),
+    }
 }
 
 /// The text in column `ordinal` of the current row, as UTF-8.

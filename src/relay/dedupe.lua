@@ -11,7 +11,8 @@
 -- ARGV[2]             when the current period's hashes expire, in Unix milliseconds
 -- ARGV[3 .. 2+r]      the number of events in each of the r runs
 -- then                the n event ids, in order
--- then                three fields per event: topic, payload, created_at
+-- then                five fields per event: topic, payload, created_at, key, headers; the last
+--                     two empty when the event has none, else their value after a '='
 -- Returns one reply per event, in order: its stream entry id, or the error XADD gave for it
 -- after a '!' (a string, not an error reply: a cluster client would fail the whole reply). An
 -- event with a marker was added by an earlier attempt whose transaction never committed: it is
@@ -19,7 +20,7 @@
 local maxlen = tonumber(ARGV[1])
 local expires_at = ARGV[2]
 local runs = (#KEYS - 1) / 2
-local n = (#ARGV - 2 - runs) / 4
+local n = (#ARGV - 2 - runs) / 6
 local stream = KEYS[1]
 local xadd = redis.pcall
 
@@ -57,7 +58,27 @@ for r = 1, runs do
       out[e] = known
     else
       local entry
-      if maxlen > 0 then
+      local key, headers = ARGV[field_at + 3], ARGV[field_at + 4]
+      if key ~= '' or headers ~= '' then
+        local args = {'XADD', stream}
+        if maxlen > 0 then
+          args[3], args[4], args[5] = 'MAXLEN', '~', maxlen
+        end
+        local a = #args
+        args[a + 1], args[a + 2], args[a + 3], args[a + 4] = '*', 'id', id, 'topic'
+        args[a + 5], args[a + 6] = ARGV[field_at], 'payload'
+        args[a + 7], args[a + 8] = ARGV[field_at + 1], 'created_at'
+        args[a + 9] = ARGV[field_at + 2]
+        a = a + 9
+        if key ~= '' then
+          args[a + 1], args[a + 2] = 'key', string.sub(key, 2)
+          a = a + 2
+        end
+        if headers ~= '' then
+          args[a + 1], args[a + 2] = 'headers', string.sub(headers, 2)
+        end
+        entry = xadd(unpack(args))
+      elseif maxlen > 0 then
         entry = xadd('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'id', id, 'topic',
           ARGV[field_at], 'payload', ARGV[field_at + 1], 'created_at', ARGV[field_at + 2])
       else
@@ -75,7 +96,7 @@ for r = 1, runs do
         k = k + 2
       end
     end
-    field_at = field_at + 3
+    field_at = field_at + 5
   end
   if k > 0 then
     redis.call('HSET', current, unpack(added))

@@ -15,19 +15,39 @@ pub struct Event {
     pub created_at: i64,
     /// Failed publishes charged so far.
     pub attempts: i32,
+    /// The key `outbox_enqueue` was given, if any.
+    pub key: Option<String>,
+    /// The headers' JSON text, if any.
+    pub headers: Option<String>,
 }
 
 impl Event {
-    /// The entry's field/value pairs, in the contract's order. Topic and payload are borrowed:
-    /// the payload is copied once, into the command sent to Redis.
-    pub fn fields(&self) -> [(&'static str, Cow<'_, str>); 4] {
-        [
+    /// The entry's field/value pairs, in the contract's order: `key` and `headers` only when
+    /// set. Topic and payload are borrowed: the payload is copied once, into the command sent
+    /// to Redis.
+    pub fn fields(&self) -> Vec<(&'static str, Cow<'_, str>)> {
+        let mut fields = vec![
             ("id", Cow::Owned(self.id.to_string())),
-            ("topic", Cow::Borrowed(&self.topic)),
-            ("payload", Cow::Borrowed(&self.payload)),
+            ("topic", Cow::Borrowed(self.topic.as_str())),
+            ("payload", Cow::Borrowed(self.payload.as_str())),
             ("created_at", Cow::Owned(rfc3339(self.created_at))),
-        ]
+        ];
+        if let Some(key) = &self.key {
+            fields.push(("key", Cow::Borrowed(key.as_str())));
+        }
+        if let Some(headers) = &self.headers {
+            fields.push(("headers", Cow::Borrowed(headers.as_str())));
+        }
+        fields
     }
+}
+
+/// The events whose relative order the relay keeps: those with the same key, or without a key,
+/// those of the same topic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Ordering {
+    Key(String),
+    Topic(String),
 }
 
 /// The stream an event goes to.
@@ -209,6 +229,8 @@ pub fn sample_event(id: i64, topic: &str) -> Event {
         payload: "{}".into(),
         created_at: 0,
         attempts: 0,
+        key: None,
+        headers: None,
     }
 }
 
@@ -235,17 +257,31 @@ mod tests {
 
     #[test]
     fn fields_follow_the_contract() {
-        let e = Event {
+        let mut e = Event {
             id: 7,
             topic: "account.created".into(),
             payload: r#"{"a": 1}"#.into(),
             created_at: 0,
             attempts: 0,
+            key: None,
+            headers: None,
         };
         let names: Vec<&str> = e.fields().iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["id", "topic", "payload", "created_at"]);
         assert_eq!(e.fields()[0].1, "7");
         assert_eq!(e.fields()[2].1, r#"{"a": 1}"#);
+        e.key = Some("account-7".into());
+        e.headers = Some(r#"{"traceparent": "00-1-2-01"}"#.into());
+        let fields: Vec<(&str, String)> = e
+            .fields()
+            .into_iter()
+            .map(|(n, v)| (n, v.into_owned()))
+            .collect();
+        assert_eq!(fields[4], ("key", "account-7".to_string()));
+        assert_eq!(fields[5].0, "headers");
+        assert_eq!(fields.len(), 6);
+        e.key = None;
+        assert_eq!(e.fields()[4].0, "headers");
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod encode;
 mod extension;
 pub mod launcher;
 mod link;
+mod order;
 mod pipeline;
 mod prune;
 pub mod publish;
@@ -113,6 +114,9 @@ struct Relay {
     claim_above: Option<i64>,
     backoff: Backoff,
     retries: RetrySchedule,
+    /// Whether an event in this worker's lanes had failed when last looked (see `batch.rs`).
+    failing: bool,
+    failing_checked_at: Option<Instant>,
 }
 
 impl Relay {
@@ -163,6 +167,8 @@ impl Relay {
             claim_above: None,
             backoff: Backoff::default(),
             retries: RetrySchedule::default(),
+            failing: false,
+            failing_checked_at: None,
         }
     }
 
@@ -304,6 +310,17 @@ impl Relay {
             Pass::Drained => WorkerState::Idle,
         });
         pass
+    }
+
+    /// This worker's place among its database's workers, and how many they are: what its share
+    /// of the lanes follows from.
+    fn ordinal(&self) -> (usize, usize) {
+        // SAFETY: reads this process's database.
+        let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
+        match crate::shmem::shared() {
+            Some(shared) => shared.ordinal_of(self.index, database),
+            None => (0, 1),
+        }
     }
 
     fn set_state(&mut self, state: WorkerState) {

@@ -171,7 +171,9 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
                 let event = &chunk.events[p];
                 cmd.arg(&event.topic)
                     .arg(&event.payload)
-                    .arg(rfc3339(event.created_at));
+                    .arg(rfc3339(event.created_at))
+                    .arg(optional_field(event.key.as_deref()))
+                    .arg(optional_field(event.headers.as_deref()));
             }
             if waits {
                 layout.slots.insert(key_slot(stream.as_bytes()));
@@ -203,6 +205,12 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
         ignored,
         layout,
     }
+}
+
+/// How the dedupe script is given a field that may be absent: empty when it is, else its value
+/// after a `=` (so that an empty key is not taken for none).
+fn optional_field(value: Option<&str>) -> String {
+    value.map_or_else(String::new, |value| format!("={value}"))
 }
 
 /// Whether a reply is a protocol error, after which Redis closes the connection (a bulk

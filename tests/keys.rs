@@ -1,0 +1,462 @@
+//! Message keys, headers and delayed delivery (`outbox_enqueue`'s last three arguments), and the
+//! order kept per key over several workers, against a real PostgreSQL and Redis.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{sqlstate, wait_until, Pg, Redis};
+
+fn count(client: &mut postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM outbox", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// The key and the headers go into the stream entry beside the contract's fields; the
+/// two-argument call keeps its entry as it was; the lane is the key's, else the topic's.
+#[test]
+fn keys_and_headers_reach_the_stream_entry() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.with_extension();
+    let plain: i64 = client
+        .query_one("SELECT outbox_enqueue('orders', '{\"n\": 1}')", &[])
+        .unwrap()
+        .get(0);
+    let keyed: i64 = client
+        .query_one(
+            "SELECT outbox_enqueue('orders', '{\"n\": 2}', 'account-7', \
+             '{\"traceparent\": \"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\"}')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let named: i64 = client
+        .query_one(
+            "SELECT outbox_enqueue('orders', '{\"n\": 3}', headers => '{\"a\": \"b\"}')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let empty_key: i64 = client
+        .query_one("SELECT outbox_enqueue('orders', '{}', key => '')", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("orders") == 4),
+        "the events did not arrive"
+    );
+    let entries: HashMap<i64, HashMap<String, String>> = redis
+        .entries("orders")
+        .into_iter()
+        .map(|(_, fields)| (fields["id"].parse().unwrap(), fields))
+        .collect();
+    let names = |id: i64| {
+        let mut names: Vec<String> = entries[&id].keys().cloned().collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(plain), ["created_at", "id", "payload", "topic"]);
+    assert_eq!(
+        names(keyed),
+        ["created_at", "headers", "id", "key", "payload", "topic"]
+    );
+    assert_eq!(entries[&keyed]["key"], "account-7");
+    let headers: serde_json::Value = serde_json::from_str(&entries[&keyed]["headers"]).unwrap();
+    assert_eq!(
+        headers["traceparent"],
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    );
+    assert_eq!(
+        names(named),
+        ["created_at", "headers", "id", "payload", "topic"]
+    );
+    assert_eq!(entries[&named]["headers"], r#"{"a": "b"}"#);
+    assert_eq!(entries[&empty_key]["key"], "");
+
+    // Each event's lane is what outbox_lane says of its key, else of its topic.
+    let lanes: Vec<(i64, i16, i16)> = client
+        .query(
+            "SELECT id, lane, outbox_lane(key, topic) FROM outbox ORDER BY id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    for (id, lane, expected) in &lanes {
+        assert_eq!(lane, expected, "event {id}");
+    }
+    assert_ne!(lanes[0].1, lanes[1].1, "the key did not pick the lane");
+    assert_eq!(
+        lanes[0].1, lanes[2].1,
+        "an event without a key is in its topic's lane"
+    );
+}
+
+/// Headers that are not an object of strings, and a negative delay, are refused with 22023,
+/// and nothing is written.
+#[test]
+fn bad_headers_and_negative_delays_are_refused() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    let mut client = pg.with_extension();
+    for headers in [
+        "'[]'",
+        "'\"traceparent\"'",
+        "'{\"n\": 1}'",
+        "'{\"nested\": {\"a\": \"b\"}}'",
+        "'{\"a\": \"b\", \"c\": null}'",
+        "'null'",
+    ] {
+        let error = client
+            .query_one(
+                &format!("SELECT outbox_enqueue('t', '{{}}', 'k', {headers})"),
+                &[],
+            )
+            .expect_err(headers);
+        assert_eq!(sqlstate(&error), "22023", "headers {headers}: {error:?}");
+        let message = error.as_db_error().unwrap().message().to_string();
+        assert!(message.contains("headers"), "{message}");
+    }
+    let error = client
+        .query_one(
+            "SELECT outbox_enqueue('t', '{}', deliver_after => '-1 second')",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "22023", "{error:?}");
+    let error = client
+        .query_one(
+            "SELECT outbox_enqueue('t', '{}', deliver_after => '1 day -25 hours')",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "22023", "{error:?}");
+    assert_eq!(count(&mut client), 0, "a refused call wrote a row");
+
+    // An empty object and a zero delay are fine: no headers to speak of, due at once.
+    client
+        .batch_execute(
+            "SELECT outbox_enqueue('t', '{}', NULL, '{}', '0 seconds'); \
+             SELECT outbox_enqueue('t', '{}', headers => '{\"a\": \"\"}')",
+        )
+        .unwrap();
+    let due: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE next_attempt_at IS NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(due, 2);
+}
+
+/// A delayed event is not published before its time, and goes out within the poll interval of
+/// it; events enqueued beside it go out at once.
+#[test]
+fn delayed_events_go_out_when_due() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "200ms")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let committed = Instant::now();
+    client
+        .batch_execute(
+            "BEGIN; \
+             SELECT outbox_enqueue('later', '{\"n\": 1}', deliver_after => '3 seconds'); \
+             SELECT outbox_enqueue('now', '{\"n\": 2}'); \
+             COMMIT",
+        )
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || redis.xlen("now") == 1),
+        "the event without delay did not go out"
+    );
+    let status: i64 = client
+        .query_one("SELECT pending FROM outbox_status", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(status, 1, "the delayed event is pending");
+    let age: Option<f64> = client
+        .query_one(
+            "SELECT extract(epoch FROM oldest_pending_age)::float8 FROM outbox_status",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        age, None,
+        "an event not yet due has no age as a pending event"
+    );
+    while committed.elapsed() < Duration::from_millis(2_800) {
+        assert_eq!(redis.xlen("later"), 0, "published before its time");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || redis.xlen("later") == 1),
+        "the delayed event never went out"
+    );
+    let arrived = committed.elapsed();
+    // Due 3 s after the transaction began; the poll interval is 0.2 s (1.5 s of slack for a
+    // loaded machine).
+    assert!(
+        arrived < Duration::from_millis(4_700),
+        "arrived {arrived:?} after the commit"
+    );
+    let payload = &redis.entries("later")[0].1["payload"];
+    assert_eq!(payload, r#"{"n": 1}"#);
+}
+
+/// The acceptance case of per-key order: 8 clients, 200 keys, each transaction locks its key's
+/// business row, reads the key's counter and enqueues an event carrying it; 4 workers, two of
+/// them killed with SIGKILL during the run (each kill restarts the server). In the end every
+/// key's events are in the stream exactly once each, in commit order (their counters
+/// ascending), and none is missing.
+#[test]
+fn each_keys_events_keep_commit_order_over_four_workers_and_two_kills() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.workers", "4"),
+            ("outbox.batch_size", "50"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    client
+        .batch_execute(
+            "CREATE TABLE accounts (id int PRIMARY KEY, seq int NOT NULL DEFAULT 0); \
+             INSERT INTO accounts (id) SELECT g FROM generate_series(0, 199) g",
+        )
+        .unwrap();
+    pg.wait_for_workers(4);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let stop = stop.clone();
+            let address = format!(
+                "host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=10",
+                pg.port
+            );
+            std::thread::spawn(move || {
+                let mut n: u64 = c;
+                let mut client = None;
+                while !stop.load(Ordering::Relaxed) {
+                    let conn = match client.as_mut() {
+                        Some(conn) => conn,
+                        None => match postgres::Client::connect(&address, postgres::NoTls) {
+                            Ok(conn) => client.insert(conn),
+                            Err(_) => {
+                                std::thread::sleep(Duration::from_millis(50));
+                                continue;
+                            }
+                        },
+                    };
+                    n = n
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let key = (n >> 33) % 200;
+                    let result = conn.batch_execute(&format!(
+                        "BEGIN; \
+                         SELECT outbox_enqueue('orders', json_build_object('key', {key}, 'seq', \
+                             (SELECT seq FROM accounts WHERE id = {key} FOR UPDATE))::jsonb, \
+                             'key-{key}'); \
+                         UPDATE accounts SET seq = seq + 1 WHERE id = {key}; \
+                         COMMIT"
+                    ));
+                    if result.is_err() {
+                        // The server restarted under the client: connect again.
+                        client = None;
+                    }
+                }
+            })
+        })
+        .collect();
+
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_secs(4));
+        let pids = pg.worker_pids();
+        assert!(!pids.is_empty(), "no worker to kill");
+        pg.kill9(pids[pids.len() / 2]);
+        // Back up: the postmaster restarts the whole server after the kill.
+        std::thread::sleep(Duration::from_secs(1));
+        pg.wait_for_workers(4);
+    }
+    std::thread::sleep(Duration::from_secs(4));
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(60), || pg.pending() == 0),
+        "the backlog was not drained"
+    );
+
+    let committed: HashMap<i64, i64> = pg
+        .query_retrying("SELECT id::int8, seq::int8 FROM accounts")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let total: i64 = committed.values().sum();
+    assert!(total > 2_000, "only {total} events were enqueued");
+    let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
+    for (_, fields) in redis.entries("orders") {
+        let payload: serde_json::Value = serde_json::from_str(&fields["payload"]).unwrap();
+        let key = payload["key"].as_i64().unwrap();
+        assert_eq!(fields["key"], format!("key-{key}"));
+        seen.entry(key)
+            .or_default()
+            .push(payload["seq"].as_i64().unwrap());
+    }
+    for (key, &n) in &committed {
+        let order = seen.remove(key).unwrap_or_default();
+        let expected: Vec<i64> = (0..n).collect();
+        assert_eq!(
+            order, expected,
+            "key {key}: the stream holds its events in this order (commit order is 0..{n})"
+        );
+    }
+    let dead: i64 = pg.query_retrying("SELECT count(*) FROM outbox_dead")[0].get(0);
+    assert_eq!(dead, 0);
+    let workers: i64 = pg.query_retrying("SELECT count(DISTINCT lane / 256) FROM outbox")[0].get(0);
+    assert!(
+        workers >= 3,
+        "the keys did not spread over the workers' shares"
+    );
+}
+
+/// An event Redis rejects holds back the later events of its key, and only those: the other
+/// keys' events flow, the held ones follow in order once the rejected one is out. With
+/// `outbox.max_attempts` reached, the rejected event goes to `outbox_dead` and its key moves on.
+#[test]
+fn a_rejected_event_holds_back_only_its_own_key() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.max_attempts", "3"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    // The stream key of topic 'broken' holds a string: every XADD to it is refused.
+    redis.query::<()>(redis::cmd("SET").arg("broken").arg("x"));
+
+    let enqueue = |client: &mut postgres::Client, topic: &str, key: &str, n: i64| {
+        client
+            .batch_execute(&format!(
+                "SELECT outbox_enqueue('{topic}', '{{\"n\": {n}}}', '{key}')"
+            ))
+            .unwrap();
+    };
+    enqueue(&mut client, "broken", "held", 0);
+    for n in 1..=5 {
+        enqueue(&mut client, "orders", "held", n);
+        enqueue(&mut client, "orders", "free", n);
+    }
+    // A key-less event of the broken topic holds back that topic's key-less events.
+    client
+        .batch_execute(
+            "SELECT outbox_enqueue('broken', '{\"n\": 10}'); \
+             SELECT outbox_enqueue('broken', '{\"n\": 11}')",
+        )
+        .unwrap();
+    let ns = |key: &str| -> Vec<String> {
+        redis
+            .entries("orders")
+            .into_iter()
+            .filter(|(_, f)| f.get("key").map(String::as_str) == Some(key))
+            .map(|(_, f)| f["payload"].clone())
+            .collect()
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || ns("free").len() == 5),
+        "the other key's events did not flow"
+    );
+    // Two tries of the rejected event (1 s apart) pass meanwhile.
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(ns("held"), Vec::<String>::new(), "a held event went out");
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE key = 'held' AND published_at IS NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 6);
+    let attempts: i32 = client
+        .query_one(
+            "SELECT max(attempts) FROM outbox WHERE key = 'held' AND topic = 'orders'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        attempts, 0,
+        "held events were charged for another's failure"
+    );
+
+    // The third attempt buries the rejected event; the key moves on, in order.
+    assert!(
+        wait_until(Duration::from_secs(15), || ns("held").len() == 5),
+        "the held events did not follow once the rejected one was buried"
+    );
+    let expected: Vec<String> = (1..=5).map(|n| format!("{{\"n\": {n}}}")).collect();
+    assert_eq!(ns("held"), expected);
+    let dead: Vec<(Option<String>, String)> = client
+        .query(
+            "SELECT key, payload::text FROM outbox_dead ORDER BY id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        dead[0],
+        (Some("held".to_string()), r#"{"n": 0}"#.to_string())
+    );
+
+    // The key-less events of the broken topic follow one another there: the second is tried
+    // only once the first is buried. Then, with the stream fixed, the dead events are redriven
+    // and go out in their order.
+    assert!(
+        wait_until(Duration::from_secs(30), || client
+            .query_one("SELECT count(*) FROM outbox_dead", &[])
+            .unwrap()
+            .get::<_, i64>(0)
+            == 3),
+        "the key-less events of the broken topic did not reach outbox_dead"
+    );
+    let first_tries: Vec<i32> = client
+        .query("SELECT attempts FROM outbox_dead ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(first_tries, [3, 3, 3]);
+    redis.query::<()>(redis::cmd("DEL").arg("broken"));
+    let redriven: i64 = client
+        .query_one("SELECT outbox_redrive_all()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(redriven, 3);
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("broken") == 3),
+        "the redriven events did not go out"
+    );
+    let broken: Vec<String> = redis
+        .entries("broken")
+        .into_iter()
+        .map(|(_, f)| f["payload"].clone())
+        .collect();
+    assert_eq!(broken, [r#"{"n": 0}"#, r#"{"n": 10}"#, r#"{"n": 11}"#]);
+}
