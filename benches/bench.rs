@@ -366,6 +366,195 @@ fn idle_databases(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     );
 }
 
+/// Keys, headers and delayed delivery (issue #16): the write cost of a keyed event with headers,
+/// the drain with two workers beside one, the latency of 199 keys beside one held back by a
+/// rejected event, and a drain beside a million delayed events.
+fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+    println!("9. keys, headers and delayed delivery");
+    let mut admin = pg.connect();
+    admin
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS accounts (id bigserial PRIMARY KEY, email text NOT NULL); \
+             ALTER DATABASE postgres SET outbox.notify_channel = ''",
+        )
+        .unwrap();
+    let business = "INSERT INTO accounts (email) VALUES ('ada@example.com');\n";
+    let (payload, key) = ("'{\"account_id\": 7}'", "'account-7'");
+    let headers =
+        "'{\"traceparent\": \"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\"}'";
+    let hand = format!(
+        "BEGIN;\n{business}INSERT INTO outbox (topic, payload, key, headers) \
+         VALUES ('account.created', {payload}, {key}, {headers});\nCOMMIT;\n"
+    );
+    let enqueue = format!(
+        "BEGIN;\n{business}SELECT outbox_enqueue('account.created', {payload}, {key}, {headers});\nCOMMIT;\n"
+    );
+    let mut tps: HashMap<&str, Vec<f64>> = HashMap::new();
+    for rep in 0..WRITE_REPS {
+        let mut order = [("hand", &hand), ("enqueue", &enqueue)];
+        if rep % 2 == 1 {
+            order.reverse();
+        }
+        for (name, script) in order {
+            admin
+                .batch_execute("TRUNCATE accounts, outbox; CHECKPOINT")
+                .unwrap();
+            tps.entry(name).or_default().push(pgbench(pg, script, 8));
+        }
+    }
+    println!("  hand {:?}\n  enqueue {:?}", tps["hand"], tps["enqueue"]);
+    report.row(
+        "write, 8 clients: + outbox_enqueue with key and headers",
+        format!("{:.0} tps", median(tps["enqueue"].clone())),
+        format!(
+            "{:.0} tps (hand-written insert of the same columns)",
+            median(tps["hand"].clone())
+        ),
+        format!("{:.3}", paired_ratio(&tps["enqueue"], &tps["hand"])),
+        ">= 0.95 (within 5%)",
+    );
+
+    // Two workers beside one: 100,000 events over 200 keys, batch 1000, dedupe on.
+    let n = BACKLOG / 2;
+    set_and_wait(
+        pg,
+        &[("outbox.batch_size", "1000"), ("outbox.dedupe", "on")],
+        &["batch_size=1000 ", "dedupe=on "],
+    );
+    let runs = alternating(["one", "two"], |side| {
+        let workers = if side == "one" { 1 } else { 2 };
+        pg.set(&[("outbox.workers", &workers.to_string())]);
+        pg.restart();
+        pg.wait_for_workers(workers);
+        let mut client = pg.connect();
+        fresh_table(&mut client);
+        client
+            .execute(
+                "SELECT outbox_enqueue('keyed', jsonb_build_object('account_id', g), 'key-' || (g % 200)) \
+                 FROM generate_series(1::bigint, $1) g",
+                &[&n],
+            )
+            .unwrap();
+        let committed = Instant::now();
+        assert!(
+            wait_until(Duration::from_secs(600), || redis.xlen("keyed") as i64 >= n),
+            "the keyed backlog did not drain"
+        );
+        let took = committed.elapsed().as_secs_f64();
+        let _ = redis::cmd("DEL")
+            .arg("keyed")
+            .query::<i64>(&mut redis.conn());
+        n as f64 / took
+    });
+    pg.set(&[("outbox.workers", "1")]);
+    pg.restart();
+    pg.wait_for_workers(1);
+    report.row(
+        "relay, batch 1000, dedupe on, 200 keys: two workers",
+        format!("{:.0} events/s", median(runs["two"].clone())),
+        format!("{:.0} events/s (one worker)", median(runs["one"].clone())),
+        format!("{:.3}", paired_ratio(&runs["two"], &runs["one"])),
+        ">= 1 (not slower)",
+    );
+
+    // 199 keys beside one held back: 1,000 events/s from 4 clients over keys 1..199, with and
+    // without key-0 waiting behind an event Redis rejects.
+    set_and_wait(pg, &[("outbox.batch_size", "100")], &["batch_size=100 "]);
+    let mut client = pg.connect();
+    fresh_table(&mut client);
+    let others = Some("'key-' || (1 + floor(random() * 199))::int");
+    let (free, _) = latency_under_load_with(pg, redis, 1_000, 20, others);
+    redis.query::<()>(redis::cmd("SET").arg("broken").arg("x"));
+    client
+        .batch_execute(
+            "SELECT outbox_enqueue('broken', '{}', 'key-0'); \
+             SELECT outbox_enqueue('load1000', '{\"t\": 0}', 'key-0') FROM generate_series(1, 10)",
+        )
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || client
+            .query_one("SELECT count(*) FROM outbox_blocked", &[])
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1),
+        "the rejected event did not show in outbox_blocked"
+    );
+    let (held, enqueued) = latency_under_load_with(pg, redis, 1_000, 20, others);
+    let waiting: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE key = 'key-0' AND published_at IS NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    client
+        .batch_execute("DELETE FROM outbox WHERE key = 'key-0'")
+        .unwrap();
+    redis.query::<()>(redis::cmd("DEL").arg("broken"));
+    report.row(
+        "latency p99, 199 keys beside one held back by a rejected event, 1000 events/s",
+        format!("{:.2} ms", percentile(&held, 0.99)),
+        format!("{:.2} ms (no key held back)", percentile(&free, 0.99)),
+        format!("{:.2}", percentile(&held, 0.99) / percentile(&free, 0.99)),
+        "< 10 ms",
+    );
+    report.row(
+        "latency p50, 199 keys beside one held back",
+        format!("{:.2} ms", percentile(&held, 0.5)),
+        format!(
+            "{:.2} ms (no key held back); {enqueued} events, {waiting} of key-0 still waiting",
+            percentile(&free, 0.5)
+        ),
+        format!("{:.2}", percentile(&held, 0.5) / percentile(&free, 0.5)),
+        "",
+    );
+
+    // A drain of 100,000 events beside a million delayed ones (due in a day), against the same
+    // drain on the emptied table: three each, the delayed ones added in between.
+    set_and_wait(pg, &[("outbox.batch_size", "1000")], &["batch_size=1000 "]);
+    let drain = |pg: &Pg| {
+        let mut client = pg.connect();
+        client
+            .execute(
+                "SELECT outbox_enqueue('due', jsonb_build_object('account_id', g)) \
+                 FROM generate_series(1::bigint, $1) g",
+                &[&n],
+            )
+            .unwrap();
+        let committed = Instant::now();
+        assert!(
+            wait_until(Duration::from_secs(600), || redis.xlen("due") as i64 >= n),
+            "the backlog beside the delayed events did not drain"
+        );
+        let took = committed.elapsed().as_secs_f64();
+        let _ = redis::cmd("DEL").arg("due").query::<i64>(&mut redis.conn());
+        n as f64 / took
+    };
+    fresh_table(&mut client);
+    let alone: Vec<f64> = (0..3).map(|_| drain(pg)).collect();
+    fresh_table(&mut client);
+    client
+        .batch_execute(
+            "SELECT outbox_enqueue('later', jsonb_build_object('n', g), deliver_after => '1 day') \
+             FROM generate_series(1, 1000000) g; \
+             VACUUM ANALYZE outbox",
+        )
+        .unwrap();
+    let beside: Vec<f64> = (0..3).map(|_| drain(pg)).collect();
+    fresh_table(&mut client);
+    admin
+        .batch_execute("ALTER DATABASE postgres RESET outbox.notify_channel")
+        .unwrap();
+    println!("  drains alone {alone:?}, beside a million delayed {beside:?}");
+    report.row(
+        "relay, batch 1000, dedupe on, beside 1,000,000 delayed events",
+        format!("{:.0} events/s", median(beside.clone())),
+        format!("{:.0} events/s (no delayed event)", median(alone.clone())),
+        format!("{:.3}", median(beside) / median(alone)),
+        ">= 0.9 (within 10%)",
+    );
+}
+
 /// Changes settings and waits until the worker's latest configuration line shows `expect`.
 fn set_and_wait(pg: &mut Pg, settings: &[(&str, &str)], expect: &[&str]) {
     pg.set(settings);
@@ -566,6 +755,17 @@ type XreadReply = Vec<(String, Vec<(String, Vec<String>)>)>;
 /// when each entry arrives. Returns the latencies in milliseconds, sorted, and how many
 /// events were enqueued.
 fn latency_under_load(pg: &Pg, redis: &Redis, rate: u32, seconds: u32) -> (Vec<f64>, usize) {
+    latency_under_load_with(pg, redis, rate, seconds, None)
+}
+
+/// [`latency_under_load`], each event with the key `key` (an SQL expression) when given.
+fn latency_under_load_with(
+    pg: &Pg,
+    redis: &Redis,
+    rate: u32,
+    seconds: u32,
+    key: Option<&str>,
+) -> (Vec<f64>, usize) {
     let url = redis.url();
     let stream = format!("load{rate}");
     let (ready_tx, ready_rx) = mpsc::channel::<()>();
@@ -614,9 +814,10 @@ fn latency_under_load(pg: &Pg, redis: &Redis, rate: u32, seconds: u32) -> (Vec<f
         })
     };
     ready_rx.recv().unwrap();
+    let key = key.map_or(String::new(), |key| format!(", key => {key}"));
     let script = format!(
         "SELECT outbox_enqueue('{stream}', jsonb_build_object('t', \
-         (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 'account_id', 7));\n"
+         (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 'account_id', 7){key});\n"
     );
     let tps = pgbench_at_rate(pg, &script, 4, rate, seconds);
     assert!(
@@ -1062,7 +1263,7 @@ fn main() {
         .unwrap()
         .get(0);
 
-    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases runs a subset.
+    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases,keys runs a subset.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     if wanted("write") {
@@ -1094,6 +1295,9 @@ fn main() {
     }
     if wanted("databases") {
         idle_databases(&mut pg, &redis, &mut report);
+    }
+    if wanted("keys") {
+        keys(&mut pg, &redis, &mut report);
     }
 
     let cpu = std::fs::read_to_string("/proc/cpuinfo")

@@ -220,7 +220,7 @@ fn delayed_events_go_out_when_due() {
 #[test]
 fn each_keys_events_keep_commit_order_over_four_workers_and_two_kills() {
     let redis = Redis::start();
-    let pg = Pg::relaying_to(
+    let mut pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.workers", "4"),
@@ -228,6 +228,41 @@ fn each_keys_events_keep_commit_order_over_four_workers_and_two_kills() {
             ("outbox.poll_interval", "100ms"),
         ],
     );
+    ordered_run(&mut pg, &redis, 4, |pg| {
+        let pids = pg.worker_pids();
+        assert!(!pids.is_empty(), "no worker to kill");
+        pg.kill9(pids[pids.len() / 2]);
+        // Back up: the postmaster restarts the whole server after the kill.
+        std::thread::sleep(Duration::from_secs(1));
+        pg.wait_for_workers(4);
+    });
+}
+
+/// `outbox.workers` changed under load (2, then 3, then 1, each a restart): the lanes move to
+/// other workers, and every key's events stay in commit order.
+#[test]
+fn changing_the_number_of_workers_keeps_each_keys_order() {
+    let redis = Redis::start();
+    let mut pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.workers", "2"),
+            ("outbox.batch_size", "50"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut next = [3, 1].into_iter();
+    ordered_run(&mut pg, &redis, 2, move |pg| {
+        let workers = next.next().unwrap_or(1);
+        pg.set(&[("outbox.workers", &workers.to_string())]);
+        pg.restart();
+        pg.wait_for_workers(workers);
+    });
+}
+
+/// Runs 8 clients enqueueing for 200 keys (see above) for about 12 s, calling `disturb` twice
+/// along the way, then checks each key's order in the stream.
+fn ordered_run(pg: &mut Pg, redis: &Redis, workers: usize, mut disturb: impl FnMut(&mut Pg)) {
     let mut client = pg.with_extension();
     client
         .batch_execute(
@@ -235,7 +270,7 @@ fn each_keys_events_keep_commit_order_over_four_workers_and_two_kills() {
              INSERT INTO accounts (id) SELECT g FROM generate_series(0, 199) g",
         )
         .unwrap();
-    pg.wait_for_workers(4);
+    pg.wait_for_workers(workers);
 
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..8)
@@ -282,12 +317,7 @@ fn each_keys_events_keep_commit_order_over_four_workers_and_two_kills() {
 
     for _ in 0..2 {
         std::thread::sleep(Duration::from_secs(4));
-        let pids = pg.worker_pids();
-        assert!(!pids.is_empty(), "no worker to kill");
-        pg.kill9(pids[pids.len() / 2]);
-        // Back up: the postmaster restarts the whole server after the kill.
-        std::thread::sleep(Duration::from_secs(1));
-        pg.wait_for_workers(4);
+        disturb(pg);
     }
     std::thread::sleep(Duration::from_secs(4));
     stop.store(true, Ordering::Relaxed);
@@ -325,11 +355,8 @@ fn each_keys_events_keep_commit_order_over_four_workers_and_two_kills() {
     }
     let dead: i64 = pg.query_retrying("SELECT count(*) FROM outbox_dead")[0].get(0);
     assert_eq!(dead, 0);
-    let workers: i64 = pg.query_retrying("SELECT count(DISTINCT lane / 256) FROM outbox")[0].get(0);
-    assert!(
-        workers >= 3,
-        "the keys did not spread over the workers' shares"
-    );
+    let shares: i64 = pg.query_retrying("SELECT count(DISTINCT lane / 256) FROM outbox")[0].get(0);
+    assert_eq!(shares, 4, "the keys did not spread over the lanes");
 }
 
 /// An event Redis rejects holds back the later events of its key, and only those: the other
@@ -459,4 +486,47 @@ fn a_rejected_event_holds_back_only_its_own_key() {
         .map(|(_, f)| f["payload"].clone())
         .collect();
     assert_eq!(broken, [r#"{"n": 0}"#, r#"{"n": 10}"#, r#"{"n": 11}"#]);
+}
+
+/// A table changed by hand takes a plain INSERT instead of the fast path: the key, the headers,
+/// the lane and the delivery time are written the same way.
+#[test]
+fn a_table_changed_by_hand_gets_the_same_columns() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    let mut client = pg.with_extension();
+    client
+        .batch_execute("ALTER TABLE outbox ADD COLUMN tenant text DEFAULT 'acme'")
+        .unwrap();
+    let mut transaction = client.transaction().unwrap();
+    let id: i64 = transaction
+        .query_one(
+            "SELECT outbox_enqueue('t', '{}', 'k-1', '{\"a\": \"b\"}', '90 minutes')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let row = transaction
+        .query_one(
+            "SELECT key, headers::text, lane, outbox_lane('k-1', 't'), tenant, \
+                    next_attempt_at = now() + interval '90 minutes' \
+             FROM outbox WHERE id = $1",
+            &[&id],
+        )
+        .unwrap();
+    transaction.commit().unwrap();
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("k-1"));
+    assert_eq!(
+        row.get::<_, Option<String>>(1).as_deref(),
+        Some(r#"{"a": "b"}"#)
+    );
+    assert_eq!(row.get::<_, i16>(2), row.get::<_, i16>(3));
+    assert_eq!(
+        row.get::<_, String>(4),
+        "acme",
+        "the plain INSERT was not taken"
+    );
+    assert!(
+        row.get::<_, bool>(5),
+        "the delivery time is not the transaction's start plus the delay"
+    );
 }
