@@ -571,3 +571,47 @@ fn without_the_preload_events_are_written_and_the_log_says_no_relay_runs() {
         "{log}"
     );
 }
+
+/// The table as the extension creates it (and as the upgrade leaves it) takes the fast path,
+/// with or without a key: a statement-level trigger, which a plain `INSERT` statement fires and
+/// the executor's single-row insert does not, never fires for `outbox_enqueue`.
+#[test]
+fn the_extensions_own_table_takes_the_fast_path() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    let mut client = pg.with_extension();
+    client
+        .batch_execute(
+            "CREATE TABLE statements (n int NOT NULL); INSERT INTO statements VALUES (0); \
+             CREATE FUNCTION count_statement() RETURNS trigger LANGUAGE plpgsql AS \
+               $$BEGIN UPDATE statements SET n = n + 1; RETURN NULL; END$$; \
+             CREATE TRIGGER count_statement AFTER INSERT ON outbox \
+               FOR EACH STATEMENT EXECUTE FUNCTION count_statement()",
+        )
+        .unwrap();
+    let statements = |client: &mut postgres::Client| -> i32 {
+        client
+            .query_one("SELECT n FROM statements", &[])
+            .unwrap()
+            .get(0)
+    };
+    client
+        .batch_execute(
+            "SELECT outbox_enqueue('t', '{}'); \
+             SELECT outbox_enqueue('t', '{}', 'k', '{\"a\": \"b\"}'); \
+             SELECT outbox_enqueue('t', '{}', deliver_after => '1 hour')",
+        )
+        .unwrap();
+    assert_eq!(
+        statements(&mut client),
+        0,
+        "outbox_enqueue ran an INSERT statement"
+    );
+    client
+        .batch_execute("INSERT INTO outbox (topic, payload) VALUES ('t', '{}')")
+        .unwrap();
+    assert_eq!(
+        statements(&mut client),
+        1,
+        "the trigger does not count statements"
+    );
+}

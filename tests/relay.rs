@@ -672,3 +672,39 @@ fn a_late_commit_below_a_draining_backlog_is_published() {
     assert_eq!(redis.ids("backlog"), backlog);
     assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
 }
+
+/// A relay backing off from a Redis it cannot reach tries a corrected `outbox.redis_url` as soon
+/// as the configuration is reloaded, not at the end of a backoff that has grown to seconds.
+#[test]
+fn a_corrected_redis_url_is_tried_at_once_after_a_reload() {
+    let redis = Redis::start();
+    // Nothing listens on this port.
+    let wrong = format!("redis://127.0.0.1:{}", common::free_port());
+    let mut pg = Pg::start(&[
+        ("outbox.redis_url", wrong.as_str()),
+        ("outbox.poll_interval", "100ms"),
+        ("outbox.redis_timeout", "500ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let ids = enqueue_many(&mut client, "fixed", 3);
+    // The backoff doubles from 100 ms: after 8 s of failures the next wait is 6.4 s or 10 s.
+    assert!(
+        wait_until(Duration::from_secs(10), || pg.log().contains("lost Redis")),
+        "the worker did not report the unreachable Redis"
+    );
+    std::thread::sleep(Duration::from_secs(8));
+    let url = redis.url();
+    let fixed = Instant::now();
+    pg.set(&[("outbox.redis_url", url.as_str())]);
+    assert!(
+        wait_until(Duration::from_secs(15), || redis.xlen("fixed") == 3),
+        "the events never went out"
+    );
+    let took = fixed.elapsed();
+    assert_eq!(redis.ids("fixed"), ids);
+    assert!(
+        took < Duration::from_secs(4),
+        "the corrected URL was tried {took:?} after the reload"
+    );
+}

@@ -58,7 +58,14 @@ pub unsafe fn has_plain_shape(rel: pg_sys::Relation, sequence: pg_sys::Oid) -> b
                     }
                 } else if const_value(node, INT4OID) == Some(0) {
                     Default::Zero
-                } else if const_value(node, INT2OID) == Some(0) {
+                } else if const_value(node, INT2OID) == Some(0)
+                    || (is_func(node, pg_sys::F_INT2_INT4, 1)
+                        && const_value(
+                            list_first((*node.cast::<pg_sys::FuncExpr>()).args),
+                            INT4OID,
+                        ) == Some(0))
+                {
+                    // `smallint DEFAULT 0` is stored as the cast of the integer 0.
                     Default::ZeroInt2
                 } else {
                     return false;

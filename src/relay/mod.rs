@@ -249,25 +249,31 @@ impl Relay {
         }
     }
 
-    fn reload_if_requested(&mut self) {
+    /// Reads the settings again after a SIGHUP; says whether the Redis target changed.
+    fn reload_if_requested(&mut self) -> bool {
         if !worker::reload_configuration() {
-            return;
+            return false;
         }
         let settings = Settings::read(&self.settings.target.marker_namespace, &self.database);
-        if settings != self.settings {
-            log!(
-                "outbox relay {} reloaded: {}",
-                self.index,
-                settings.describe(&self.database)
-            );
-            if settings.target != self.settings.target {
-                self.publisher.configure(settings.target.clone());
-            }
-            self.settings = settings;
+        if settings == self.settings {
+            return false;
         }
+        log!(
+            "outbox relay {} reloaded: {}",
+            self.index,
+            settings.describe(&self.database)
+        );
+        let retarget = settings.target != self.settings.target;
+        if retarget {
+            self.publisher.configure(settings.target.clone());
+        }
+        self.settings = settings;
+        retarget
     }
 
-    /// Sleeps until `delay` has passed, waking only for SIGTERM and SIGHUP.
+    /// Sleeps until `delay` has passed, waking only for SIGTERM and SIGHUP. A change to the Redis
+    /// settings ends the wait: a corrected URL or certificate is tried at once, not at the end
+    /// of a backoff that may have grown to seconds.
     fn sleep(&mut self, delay: Duration) {
         let deadline = Instant::now() + delay;
         loop {
@@ -276,7 +282,9 @@ impl Relay {
                 return;
             }
             worker::wait_latch(left);
-            self.reload_if_requested();
+            if self.reload_if_requested() {
+                return;
+            }
         }
     }
 
