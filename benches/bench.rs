@@ -369,15 +369,34 @@ fn idle_databases(pg: &mut Pg, redis: &Redis, report: &mut Report) {
 /// Keys, headers and delayed delivery (issue #16): the write cost of a keyed event with headers,
 /// the drain with two workers beside one, the latency of 199 keys beside one held back by a
 /// rejected event, and a drain beside a million delayed events.
-fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn Fn(&str) -> bool) {
     println!("9. keys, headers and delayed delivery");
-    let mut admin = pg.connect();
-    admin
+    pg.connect()
         .batch_execute(
             "CREATE TABLE IF NOT EXISTS accounts (id bigserial PRIMARY KEY, email text NOT NULL); \
              ALTER DATABASE postgres SET outbox.notify_channel = ''",
         )
         .unwrap();
+    if parts("keys-write") {
+        keyed_write(pg, report);
+    }
+    if parts("keys-workers") {
+        keyed_workers(pg, redis, report);
+    }
+    if parts("keys-held") {
+        held_key_latency(pg, redis, report);
+    }
+    if parts("keys-delayed") {
+        beside_delayed(pg, redis, report);
+    }
+    pg.connect()
+        .batch_execute("ALTER DATABASE postgres RESET outbox.notify_channel")
+        .unwrap();
+}
+
+/// A keyed event with headers against a hand-written insert of the same columns, 8 clients.
+fn keyed_write(pg: &mut Pg, report: &mut Report) {
+    let mut admin = pg.connect();
     let business = "INSERT INTO accounts (email) VALUES ('ada@example.com');\n";
     let (payload, key) = ("'{\"account_id\": 7}'", "'account-7'");
     let headers =
@@ -413,8 +432,10 @@ fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         format!("{:.3}", paired_ratio(&tps["enqueue"], &tps["hand"])),
         ">= 0.95 (within 5%)",
     );
+}
 
-    // Two workers beside one: 100,000 events over 200 keys, batch 1000, dedupe on.
+/// Two workers beside one: 100,000 events over 200 keys, batch 1000, dedupe on.
+fn keyed_workers(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     let n = BACKLOG / 2;
     set_and_wait(
         pg,
@@ -456,9 +477,11 @@ fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         format!("{:.3}", paired_ratio(&runs["two"], &runs["one"])),
         ">= 1 (not slower)",
     );
+}
 
-    // 199 keys beside one held back: 1,000 events/s from 4 clients over keys 1..199, with and
-    // without key-0 waiting behind an event Redis rejects.
+/// 199 keys beside one held back: 1,000 events/s from 4 clients over keys 1..199, with and
+/// without key-0 waiting behind an event Redis rejects.
+fn held_key_latency(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     set_and_wait(pg, &[("outbox.batch_size", "100")], &["batch_size=100 "]);
     let mut client = pg.connect();
     fresh_table(&mut client);
@@ -508,9 +531,13 @@ fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         format!("{:.2}", percentile(&held, 0.5) / percentile(&free, 0.5)),
         "",
     );
+}
 
-    // A drain of 100,000 events beside a million delayed ones (due in a day), against the same
-    // drain on the emptied table: three each, the delayed ones added in between.
+/// A drain of 100,000 events beside a million delayed ones (due in a day), against the same
+/// drain on the emptied table: three each, the delayed ones added in between.
+fn beside_delayed(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+    let n = BACKLOG / 2;
+    let mut client = pg.connect();
     set_and_wait(pg, &[("outbox.batch_size", "1000")], &["batch_size=1000 "]);
     let drain = |pg: &Pg| {
         let mut client = pg.connect();
@@ -542,9 +569,6 @@ fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     client.batch_execute("VACUUM ANALYZE outbox").unwrap();
     let beside: Vec<f64> = (0..3).map(|_| drain(pg)).collect();
     fresh_table(&mut client);
-    admin
-        .batch_execute("ALTER DATABASE postgres RESET outbox.notify_channel")
-        .unwrap();
     println!("  drains alone {alone:?}, beside a million delayed {beside:?}");
     report.row(
         "relay, batch 1000, dedupe on, beside 1,000,000 delayed events",
@@ -1296,8 +1320,19 @@ fn main() {
     if wanted("databases") {
         idle_databases(&mut pg, &redis, &mut report);
     }
-    if wanted("keys") {
-        keys(&mut pg, &redis, &mut report);
+    // keys-write, keys-workers, keys-held and keys-delayed run one case of it.
+    let keys_parts = |part: &str| wanted("keys") || wanted(part);
+    if [
+        "keys",
+        "keys-write",
+        "keys-workers",
+        "keys-held",
+        "keys-delayed",
+    ]
+    .iter()
+    .any(|part| wanted(part))
+    {
+        keys(&mut pg, &redis, &mut report, &keys_parts);
     }
 
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
