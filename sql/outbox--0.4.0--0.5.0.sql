@@ -1,6 +1,7 @@
 -- outbox 0.4.0 -> 0.5.0: keys, headers and delayed delivery. outbox_enqueue takes a key, headers
 -- and a delivery delay; the table gains their columns and the lane each worker relays by; the
--- claim index carries the lane, and failing events get an index of their own.
+-- claim index carries the lane, failing events get an index of their own, and delayed events a
+-- table of their own.
 --
 -- The two-argument outbox_enqueue becomes the five-argument one whose last three arguments
 -- default to NULL (both could not exist: a two-argument call would match both). Whoever could
@@ -76,6 +77,25 @@ CREATE INDEX outbox_failing ON @extschema@.outbox
                                                't' OPERATOR(pg_catalog.||) topic), 200), id)
     WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0;
 
+-- Events enqueued with deliver_after wait here, not in outbox, until they are due; the relay then
+-- moves them into outbox with their id, and they go out as any event. However many wait, they
+-- lengthen none of outbox's indexes (which the claims and every vacuum of outbox go through) and
+-- keep none of its partitions from being emptied.
+CREATE TABLE @extschema@.outbox_delayed (
+    id          bigint PRIMARY KEY,
+    topic       text NOT NULL,
+    payload     jsonb NOT NULL,
+    created_at  timestamptz NOT NULL,
+    key         text,
+    headers     jsonb,
+    lane        smallint NOT NULL,
+    deliver_at  timestamptz NOT NULL
+);
+CREATE INDEX outbox_delayed_due ON @extschema@.outbox_delayed (deliver_at);
+COMMENT ON TABLE @extschema@.outbox_delayed IS
+    'Events enqueued with deliver_after, until they are due; the relay then moves them into outbox.';
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delayed', '');
+
 CREATE OR REPLACE FUNCTION @extschema@.outbox_redrive(id bigint) RETURNS boolean
     LANGUAGE sql VOLATILE STRICT SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -117,16 +137,16 @@ CREATE OR REPLACE VIEW @extschema@.outbox_status AS
         (SELECT count(*) FROM @extschema@.outbox
             WHERE published_at IS NULL AND next_attempt_at IS NULL)
         + (SELECT count(*) FROM @extschema@.outbox
-            WHERE published_at IS NULL AND next_attempt_at IS NOT NULL) AS pending,
+            WHERE published_at IS NULL AND next_attempt_at IS NOT NULL)
+        + (SELECT count(*) FROM @extschema@.outbox_delayed) AS pending,
         -- Since an event could be published: its commit, or its delivery time when delayed.
         now() - LEAST(
             (SELECT min(created_at) FROM @extschema@.outbox
                 WHERE published_at IS NULL AND next_attempt_at IS NULL),
             (SELECT min(created_at) FROM @extschema@.outbox
                 WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0),
-            (SELECT min(next_attempt_at) FROM @extschema@.outbox
-                WHERE published_at IS NULL AND next_attempt_at IS NOT NULL
-                  AND next_attempt_at OPERATOR(pg_catalog.<=) now()))
+            (SELECT min(deliver_at) FROM @extschema@.outbox_delayed
+                WHERE deliver_at OPERATOR(pg_catalog.<=) now()))
             AS oldest_pending_age,
         (SELECT count(*) FROM @extschema@.outbox_dead) AS dead,
         @extschema@._outbox_last_published_at() AS last_published_at,

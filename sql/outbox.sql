@@ -27,9 +27,8 @@ CREATE TABLE @extschema@.outbox (
     published_at timestamptz,
     attempts     int NOT NULL DEFAULT 0,
     last_error   text,
-    -- Set when Redis rejected the event, or when it was enqueued with deliver_after: the relay
-    -- claims it from then on. Kept in the table, so every worker honours it and a restart does
-    -- not forget it.
+    -- Set when Redis rejected the event: the relay claims it again from then on. Kept in the
+    -- table, so every worker honours it and a restart does not forget it.
     next_attempt_at timestamptz,
     -- What outbox_enqueue was given beside the topic and the payload; both go into the stream
     -- entry when set.
@@ -45,11 +44,10 @@ COMMENT ON TABLE @extschema@.outbox IS
 
 -- The relay's claims read only unpublished rows: these indexes stay the size of the backlog
 -- however much history is kept. The lane beside the id lets a worker skip the rows of other
--- workers' lanes in the index, without reading them. Events waiting out a retry delay or a
--- delivery delay have an index of their own, so that however many wait, claiming the others
--- never steps over them; the events that failed have a small one, by lane and key (else topic;
--- its first 200 characters, to stay within an index entry), which tells the relay whose later
--- events must wait.
+-- workers' lanes in the index, without reading them. Events waiting out a retry delay have an
+-- index of their own, so that however many wait, claiming the others never steps over them.
+-- The events that failed have a small one, by lane and key (else topic; its first 200
+-- characters, to stay within an index entry), which tells the relay whose later events wait.
 CREATE INDEX outbox_unpublished ON @extschema@.outbox (id, lane)
     WHERE published_at IS NULL AND next_attempt_at IS NULL;
 CREATE INDEX outbox_retrying ON @extschema@.outbox (next_attempt_at)
@@ -79,6 +77,25 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Events enqueued with deliver_after wait here, not in outbox, until they are due; the relay then
+-- moves them into outbox with their id, and they go out as any event. However many wait, they
+-- lengthen none of outbox's indexes (which the claims and every vacuum of outbox go through) and
+-- keep none of its partitions from being emptied.
+CREATE TABLE @extschema@.outbox_delayed (
+    id          bigint PRIMARY KEY,
+    topic       text NOT NULL,
+    payload     jsonb NOT NULL,
+    created_at  timestamptz NOT NULL,
+    key         text,
+    headers     jsonb,
+    lane        smallint NOT NULL,
+    deliver_at  timestamptz NOT NULL
+);
+CREATE INDEX outbox_delayed_due ON @extschema@.outbox_delayed (deliver_at);
+COMMENT ON TABLE @extschema@.outbox_delayed IS
+    'Events enqueued with deliver_after, until they are due; the relay then moves them into outbox.';
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delayed', '');
 
 -- Keyed by the event's identity, (id, created_at): ids can be used again (TRUNCATE ... RESTART
 -- IDENTITY, setval, a restore), and a dead letter kept from before must not block a new one.
@@ -195,16 +212,16 @@ CREATE VIEW @extschema@.outbox_status AS
         (SELECT count(*) FROM @extschema@.outbox
             WHERE published_at IS NULL AND next_attempt_at IS NULL)
         + (SELECT count(*) FROM @extschema@.outbox
-            WHERE published_at IS NULL AND next_attempt_at IS NOT NULL) AS pending,
+            WHERE published_at IS NULL AND next_attempt_at IS NOT NULL)
+        + (SELECT count(*) FROM @extschema@.outbox_delayed) AS pending,
         -- Since an event could be published: its commit, or its delivery time when delayed.
         now() - LEAST(
             (SELECT min(created_at) FROM @extschema@.outbox
                 WHERE published_at IS NULL AND next_attempt_at IS NULL),
             (SELECT min(created_at) FROM @extschema@.outbox
                 WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0),
-            (SELECT min(next_attempt_at) FROM @extschema@.outbox
-                WHERE published_at IS NULL AND next_attempt_at IS NOT NULL
-                  AND next_attempt_at OPERATOR(pg_catalog.<=) now()))
+            (SELECT min(deliver_at) FROM @extschema@.outbox_delayed
+                WHERE deliver_at OPERATOR(pg_catalog.<=) now()))
             AS oldest_pending_age,
         (SELECT count(*) FROM @extschema@.outbox_dead) AS dead,
         @extschema@._outbox_last_published_at() AS last_published_at,

@@ -180,7 +180,12 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         });
 
         let schema = pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid);
-        let id = insert::insert_event(schema, topic_datum, payload_datum, extra.as_ref());
+        let id = match &extra {
+            Some(extra) if extra.deliver_at.is_some() => {
+                insert::insert_delayed(schema, topic_datum, payload_datum, extra)
+            }
+            _ => insert::insert_event(schema, topic_datum, payload_datum, extra.as_ref()),
+        };
 
         if let Some(channel) = gucs::notify_channel_ptr() {
             notify(channel, topic_datum);

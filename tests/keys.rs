@@ -182,6 +182,11 @@ fn delayed_events_go_out_when_due() {
         .unwrap()
         .get(0);
     assert_eq!(status, 1, "the delayed event is pending");
+    let waiting: i64 = client
+        .query_one("SELECT count(*) FROM outbox_delayed", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(waiting, 1, "the delayed event is not in outbox_delayed");
     let age: Option<f64> = client
         .query_one(
             "SELECT extract(epoch FROM oldest_pending_age)::float8 FROM outbox_status",
@@ -210,6 +215,19 @@ fn delayed_events_go_out_when_due() {
     );
     let payload = &redis.entries("later")[0].1["payload"];
     assert_eq!(payload, r#"{"n": 1}"#);
+    let (waiting, published): (i64, i64) = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM outbox_delayed), \
+                    (SELECT count(*) FROM outbox WHERE topic = 'later' AND published_at IS NOT NULL)",
+            &[],
+        )
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!(
+        (waiting, published),
+        (0, 1),
+        "the event did not move into outbox"
+    );
 }
 
 /// The acceptance case of per-key order: 8 clients, 200 keys, each transaction locks its key's
@@ -488,8 +506,8 @@ fn a_rejected_event_holds_back_only_its_own_key() {
     assert_eq!(broken, [r#"{"n": 0}"#, r#"{"n": 10}"#, r#"{"n": 11}"#]);
 }
 
-/// A table changed by hand takes a plain INSERT instead of the fast path: the key, the headers,
-/// the lane and the delivery time are written the same way.
+/// A table changed by hand takes a plain INSERT instead of the fast path: the key, the headers
+/// and the lane are written the same way; a delayed event goes to outbox_delayed as always.
 #[test]
 fn a_table_changed_by_hand_gets_the_same_columns() {
     let pg = Pg::start(&[("outbox.workers", "0")]);
@@ -500,7 +518,7 @@ fn a_table_changed_by_hand_gets_the_same_columns() {
     let mut transaction = client.transaction().unwrap();
     let id: i64 = transaction
         .query_one(
-            "SELECT outbox_enqueue('t', '{}', 'k-1', '{\"a\": \"b\"}', '90 minutes')",
+            "SELECT outbox_enqueue('t', '{}', 'k-1', '{\"a\": \"b\"}')",
             &[],
         )
         .unwrap()
@@ -508,9 +526,25 @@ fn a_table_changed_by_hand_gets_the_same_columns() {
     let row = transaction
         .query_one(
             "SELECT key, headers::text, lane, outbox_lane('k-1', 't'), tenant, \
-                    next_attempt_at = now() + interval '90 minutes' \
+                    next_attempt_at IS NULL \
              FROM outbox WHERE id = $1",
             &[&id],
+        )
+        .unwrap();
+    // A delayed event waits in outbox_delayed, whatever outbox's shape.
+    let delayed: i64 = transaction
+        .query_one(
+            "SELECT outbox_enqueue('t', '{}', 'k-1', deliver_after => '90 minutes')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let waiting = transaction
+        .query_one(
+            "SELECT key, lane, deliver_at = now() + interval '90 minutes', \
+                    (SELECT count(*) FROM outbox WHERE id = $1) \
+             FROM outbox_delayed WHERE id = $1",
+            &[&delayed],
         )
         .unwrap();
     transaction.commit().unwrap();
@@ -527,6 +561,17 @@ fn a_table_changed_by_hand_gets_the_same_columns() {
     );
     assert!(
         row.get::<_, bool>(5),
+        "an event without delay has a retry time"
+    );
+    assert_eq!(waiting.get::<_, Option<String>>(0).as_deref(), Some("k-1"));
+    assert_eq!(waiting.get::<_, i16>(1), row.get::<_, i16>(3));
+    assert!(
+        waiting.get::<_, bool>(2),
         "the delivery time is not the transaction's start plus the delay"
+    );
+    assert_eq!(
+        waiting.get::<_, i64>(3),
+        0,
+        "the delayed event is in outbox too"
     );
 }

@@ -40,9 +40,12 @@ use crate::backend::{self, BackendLocal};
 use crate::compat;
 use crate::ring::{self, LEAVES};
 
+mod delayed;
 mod indexes;
 mod shape;
 mod statement;
+
+pub use delayed::insert_delayed;
 
 extern "C-unwind" {
     /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
@@ -74,7 +77,6 @@ pub struct Columns {
     pub payload: Option<usize>,
     pub created_at: Option<usize>,
     pub attempts: Option<usize>,
-    pub next_attempt_at: Option<usize>,
     pub key: Option<usize>,
     pub headers: Option<usize>,
     pub lane: Option<usize>,
@@ -91,7 +93,6 @@ impl Columns {
                 Some(b"payload") => &mut columns.payload,
                 Some(b"created_at") => &mut columns.created_at,
                 Some(b"attempts") => &mut columns.attempts,
-                Some(b"next_attempt_at") => &mut columns.next_attempt_at,
                 Some(b"key") => &mut columns.key,
                 Some(b"headers") => &mut columns.headers,
                 Some(b"lane") => &mut columns.lane,
@@ -213,7 +214,8 @@ pub struct Extra {
     pub key: Option<pg_sys::Datum>,
     /// A jsonb datum.
     pub headers: Option<pg_sys::Datum>,
-    /// When the event is due (a timestamptz datum), if it is delayed.
+    /// When the event is due (a timestamptz datum), if it is delayed: it then goes to
+    /// `outbox_delayed` ([`insert_delayed`]), not to `outbox`.
     pub deliver_at: Option<pg_sys::Datum>,
     pub lane: i16,
 }
@@ -314,9 +316,6 @@ pub unsafe fn insert_event(
             }
             if let Some(headers) = extra.headers {
                 set(columns.headers, headers);
-            }
-            if let Some(due) = extra.deliver_at {
-                set(columns.next_attempt_at, due);
             }
         }
         pg_sys::ExecStoreVirtualTuple(slot);

@@ -54,19 +54,6 @@ pub unsafe fn insert_statement(
                 columns.push(b"headers");
                 values.push(json(headers));
             }
-            if let Some(due) = extra.deliver_at {
-                // Microseconds since 2000-01-01 UTC, PostgreSQL's own epoch: exact, whatever the
-                // session's DateStyle and TimeZone.
-                columns.push(b"next_attempt_at");
-                values.push(
-                    format!(
-                        "CAST('2000-01-01 00:00:00+00' AS pg_catalog.timestamptz) \
-                         OPERATOR(pg_catalog.+) CAST('{} microseconds' AS pg_catalog.interval)",
-                        due.value() as i64
-                    )
-                    .into_bytes(),
-                );
-            }
         }
         let mut sql = b"INSERT INTO ".to_vec();
         sql.extend_from_slice(CStr::from_ptr(table).to_bytes());

@@ -25,6 +25,10 @@ use crate::{lane, redis_url};
 /// this late, whereas the worker's own failures are noticed at once.
 const FAILING_RECHECK: Duration = Duration::from_millis(100);
 
+/// How often the relay moves due delayed events into `outbox`, at most (and at least twice per
+/// `outbox.poll_interval`); at once again while a move finds a full batch.
+const MOVE_DUE_EVERY: Duration = Duration::from_millis(100);
+
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
 
@@ -70,7 +74,22 @@ impl Relay {
         let Some(statements) = self.extension.statements() else {
             return Batch::nothing(Pass::NoExtension);
         };
-        let mut next = statements.claim(chunk, self.claim_above.take(), &scope);
+        let mut above = self.claim_above.take();
+        let now = Instant::now();
+        let move_every = (self.settings.poll_interval / 2).min(MOVE_DUE_EVERY);
+        if self
+            .moved_at
+            .is_none_or(|at| now.duration_since(at) >= move_every || self.moved_full)
+        {
+            let moved = statements.move_due(batch_size, &scope.lanes);
+            self.moved_at = Some(now);
+            self.moved_full = moved == batch_size;
+            if moved > 0 {
+                // Their ids are older than the backlog's: claim from the lowest.
+                above = None;
+            }
+        }
+        let mut next = statements.claim(chunk, above, &scope);
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
         // The highest id claimed so far: the next claim looks past it first.

@@ -120,6 +120,8 @@ pub struct Statements {
     claim_due: Claim,
     /// Whether an event in a range of lanes has failed and is not yet published.
     failing: OwnedPreparedStatement,
+    /// Moves due events of a range of lanes from `outbox_delayed` into `outbox`.
+    move_due: OwnedPreparedStatement,
     /// One per partition of the ring: a mark through the partitioned table would look for
     /// every id in every partition (hash partitions are not pruned for `= ANY` of a parameter).
     mark: Vec<OwnedPreparedStatement>,
@@ -206,8 +208,8 @@ impl Statements {
                 "o.id",
                 Some(pg_sys::INT8OID),
             ),
-            // Events whose retry delay or delivery delay is over, through the index of waiting
-            // events: however many wait, only the due ones are read.
+            // Events whose retry delay is over, through the index of waiting events: however
+            // many wait, only the due ones are read.
             claim_due: prepare_claim(
                 &s,
                 "o.published_at IS NULL \
@@ -224,6 +226,25 @@ impl Statements {
                        AND f.lane OPERATOR(pg_catalog.>=) $1 AND f.lane OPERATOR(pg_catalog.<) $2)"
                 ),
                 &[pg_sys::INT2OID, pg_sys::INT2OID],
+            ),
+            // An event whose id is in outbox already (ids used again) stays where it is rather
+            // than be lost; the relay tries again on its next move.
+            move_due: prepare(
+                &format!(
+                    "WITH due AS ( \
+                       SELECT d.id, d.topic, d.payload, d.created_at, d.key, d.headers, d.lane \
+                       FROM {s}.outbox_delayed d \
+                       WHERE d.deliver_at OPERATOR(pg_catalog.<=) pg_catalog.now() \
+                         AND d.lane OPERATOR(pg_catalog.>=) $2 AND d.lane OPERATOR(pg_catalog.<) $3 \
+                       ORDER BY d.deliver_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
+                     moved AS ( \
+                       INSERT INTO {s}.outbox (id, topic, payload, created_at, key, headers, lane) \
+                       SELECT id, topic, payload, created_at, key, headers, lane FROM due \
+                       ON CONFLICT DO NOTHING RETURNING id) \
+                     DELETE FROM {s}.outbox_delayed d USING moved \
+                     WHERE d.id OPERATOR(pg_catalog.=) moved.id RETURNING d.id"
+                ),
+                &[pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID],
             ),
             mark: (0..LEAVES)
                 .map(|leaf| {
@@ -293,8 +314,23 @@ impl Statements {
         })
     }
 
+    /// Moves up to `limit` due events of `lanes` from `outbox_delayed` into `outbox`, where the
+    /// claims that follow in the same transaction see them; returns how many.
+    pub fn move_due(&self, limit: usize, lanes: &std::ops::Range<i16>) -> usize {
+        Spi::connect_mut(|client| {
+            client
+                .update(
+                    &self.move_due,
+                    None,
+                    &[(limit as i64).into(), lanes.start.into(), lanes.end.into()],
+                )
+                .unwrap_or_else(|e| error!("outbox relay: moving due delayed events failed: {e}"))
+                .len()
+        })
+    }
+
     /// Claims up to `limit` events of the lanes in `scope`, skipping rows other workers hold:
-    /// first those that never failed, in id order, then those whose retry or delivery is due.
+    /// first those that never failed, in id order, then those whose retry is due.
     /// Returned in id order.
     ///
     /// With `above`, the fresh events are looked for past that id first, and at or below it

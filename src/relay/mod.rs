@@ -117,6 +117,9 @@ struct Relay {
     /// Whether an event in this worker's lanes had failed when last looked (see `batch.rs`).
     failing: bool,
     failing_checked_at: Option<Instant>,
+    /// When due delayed events were last moved into `outbox`, and whether that move was full.
+    moved_at: Option<Instant>,
+    moved_full: bool,
 }
 
 impl Relay {
@@ -169,6 +172,8 @@ impl Relay {
             retries: RetrySchedule::default(),
             failing: false,
             failing_checked_at: None,
+            moved_at: None,
+            moved_full: false,
         }
     }
 
