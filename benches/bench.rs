@@ -434,6 +434,22 @@ fn keyed_write(pg: &mut Pg, report: &mut Report) {
     );
 }
 
+/// Commits the `n` events `enqueue` writes (`$1` is `n`) in one transaction, then times until
+/// `stream` holds them all; returns events a second.
+fn events_per_second(pg: &Pg, redis: &Redis, stream: &str, enqueue: &str, n: i64) -> f64 {
+    pg.connect().execute(enqueue, &[&n]).unwrap();
+    let committed = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(600), || redis.xlen(stream) as i64 >= n),
+        "the backlog of {stream} did not drain"
+    );
+    let took = committed.elapsed().as_secs_f64();
+    let _ = redis::cmd("DEL")
+        .arg(stream)
+        .query::<i64>(&mut redis.conn());
+    n as f64 / took
+}
+
 /// Two workers beside one: 100,000 events over 200 keys, batch 1000, dedupe on.
 fn keyed_workers(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     let n = BACKLOG / 2;
@@ -447,25 +463,15 @@ fn keyed_workers(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         pg.set(&[("outbox.workers", &workers.to_string())]);
         pg.restart();
         pg.wait_for_workers(workers);
-        let mut client = pg.connect();
-        fresh_table(&mut client);
-        client
-            .execute(
-                "SELECT outbox_enqueue('keyed', jsonb_build_object('account_id', g), 'key-' || (g % 200)) \
-                 FROM generate_series(1::bigint, $1) g",
-                &[&n],
-            )
-            .unwrap();
-        let committed = Instant::now();
-        assert!(
-            wait_until(Duration::from_secs(600), || redis.xlen("keyed") as i64 >= n),
-            "the keyed backlog did not drain"
-        );
-        let took = committed.elapsed().as_secs_f64();
-        let _ = redis::cmd("DEL")
-            .arg("keyed")
-            .query::<i64>(&mut redis.conn());
-        n as f64 / took
+        fresh_table(&mut pg.connect());
+        events_per_second(
+            pg,
+            redis,
+            "keyed",
+            "SELECT outbox_enqueue('keyed', jsonb_build_object('account_id', g), 'key-' || (g % 200)) \
+             FROM generate_series(1::bigint, $1) g",
+            n,
+        )
     });
     pg.set(&[("outbox.workers", "1")]);
     pg.restart();
@@ -540,22 +546,14 @@ fn beside_delayed(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     let mut client = pg.connect();
     set_and_wait(pg, &[("outbox.batch_size", "1000")], &["batch_size=1000 "]);
     let drain = |pg: &Pg| {
-        let mut client = pg.connect();
-        client
-            .execute(
-                "SELECT outbox_enqueue('due', jsonb_build_object('account_id', g)) \
-                 FROM generate_series(1::bigint, $1) g",
-                &[&n],
-            )
-            .unwrap();
-        let committed = Instant::now();
-        assert!(
-            wait_until(Duration::from_secs(600), || redis.xlen("due") as i64 >= n),
-            "the backlog beside the delayed events did not drain"
-        );
-        let took = committed.elapsed().as_secs_f64();
-        let _ = redis::cmd("DEL").arg("due").query::<i64>(&mut redis.conn());
-        n as f64 / took
+        events_per_second(
+            pg,
+            redis,
+            "due",
+            "SELECT outbox_enqueue('due', jsonb_build_object('account_id', g)) \
+             FROM generate_series(1::bigint, $1) g",
+            n,
+        )
     };
     fresh_table(&mut client);
     let alone: Vec<f64> = (0..3).map(|_| drain(pg)).collect();

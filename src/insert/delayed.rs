@@ -65,16 +65,7 @@ pub unsafe fn insert_delayed(
             null(extra.deliver_at.is_none()),
         ];
         let status = pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 1);
-        if status != pg_sys::SPI_OK_INSERT_RETURNING as i32 || pg_sys::SPI_processed != 1 {
-            error!("outbox_enqueue: the insert into outbox_delayed did not return the new row");
-        }
-        let tuptable = pg_sys::SPI_tuptable;
-        let mut isnull = false;
-        let id = pg_sys::SPI_getbinval(*(*tuptable).vals, (*tuptable).tupdesc, 1, &mut isnull);
-        if isnull {
-            error!("outbox_enqueue: the delayed event has no id");
-        }
-        let id = id.value() as i64;
+        let id = super::statement::returned_id(status, "outbox_delayed");
         pg_sys::SPI_finish();
         id
     }

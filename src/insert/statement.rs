@@ -66,18 +66,30 @@ pub unsafe fn insert_statement(
 
         pg_sys::SPI_connect();
         let status = pg_sys::SPI_execute(sql.as_ptr(), false, 1);
+        let id = returned_id(status, "outbox");
+        pg_sys::SPI_finish();
+        id
+    }
+}
+
+/// The id that the `INSERT ... RETURNING id` just run through SPI returned, for one row into
+/// `table`; an error if it returned none.
+///
+/// # Safety
+/// Must run right after the statement, before `SPI_finish`.
+pub unsafe fn returned_id(status: i32, table: &str) -> i64 {
+    // SAFETY: reads SPI's result of the statement just run, as the caller guarantees.
+    unsafe {
         if status != pg_sys::SPI_OK_INSERT_RETURNING as i32 || pg_sys::SPI_processed != 1 {
-            error!("outbox_enqueue: the insert into outbox did not return the new row");
+            error!("outbox_enqueue: the insert into {table} did not return the new row");
         }
         let tuptable = pg_sys::SPI_tuptable;
         let mut isnull = false;
         let id = pg_sys::SPI_getbinval(*(*tuptable).vals, (*tuptable).tupdesc, 1, &mut isnull);
         if isnull {
-            error!("outbox_enqueue: the new row has no id");
+            error!("outbox_enqueue: the new row in {table} has no id");
         }
         // Taken before SPI_finish frees the tuple table; an int8 is passed by value.
-        let id = id.value() as i64;
-        pg_sys::SPI_finish();
-        id
+        id.value() as i64
     }
 }
