@@ -575,3 +575,47 @@ fn a_table_changed_by_hand_gets_the_same_columns() {
         "the delayed event is in outbox too"
     );
 }
+
+/// A transaction that commits while the relay drains a backlog past its event, followed by the
+/// next event of its key: the two keep their order. (The relay used to claim past the last id
+/// it had claimed first, and published the second event while the first waited below.)
+#[test]
+fn an_event_committed_below_a_draining_backlog_keeps_its_place_in_its_key() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.batch_size", "100"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut late = pg.connect();
+    late.batch_execute("BEGIN; SELECT outbox_enqueue('orders', '{\"n\": 1}', 'k')")
+        .unwrap();
+    let backlog =
+        "SELECT outbox_enqueue('orders', jsonb_build_object('n', g), 'other-' || (g % 50)) \
+                   FROM generate_series(1, 20000) g";
+    client.batch_execute(backlog).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("orders") >= 1_000),
+        "the backlog did not start to drain"
+    );
+    late.batch_execute("COMMIT").unwrap();
+    client
+        .batch_execute("SELECT outbox_enqueue('orders', '{\"n\": 2}', 'k')")
+        .unwrap();
+    client.batch_execute(backlog).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || pg.pending() == 0),
+        "the backlog was not drained"
+    );
+    let ns: Vec<String> = redis
+        .entries("orders")
+        .into_iter()
+        .filter(|(_, f)| f.get("key").map(String::as_str) == Some("k"))
+        .map(|(_, f)| f["payload"].clone())
+        .collect();
+    assert_eq!(ns, [r#"{"n": 1}"#, r#"{"n": 2}"#]);
+}

@@ -74,7 +74,6 @@ impl Relay {
         let Some(statements) = self.extension.statements() else {
             return Batch::nothing(Pass::NoExtension);
         };
-        let mut above = self.claim_above.take();
         let now = Instant::now();
         let move_every = (self.settings.poll_interval / 2).min(MOVE_DUE_EVERY);
         if self
@@ -84,16 +83,10 @@ impl Relay {
             let moved = statements.move_due(batch_size, &scope.lanes);
             self.moved_at = Some(now);
             self.moved_full = moved == batch_size;
-            if moved > 0 {
-                // Their ids are older than the backlog's: claim from the lowest.
-                above = None;
-            }
         }
-        let mut next = statements.claim(chunk, above, &scope);
+        let mut next = statements.claim(chunk, &scope);
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
-        // The highest id claimed so far: the next claim looks past it first.
-        let mut highest: Option<i64> = None;
         let mut order = PassOrder::default();
         while next.len() > 0 {
             let got = next.len();
@@ -102,12 +95,6 @@ impl Relay {
                 mut events,
                 unreadable,
             } = next;
-            highest = events
-                .iter()
-                .map(|e| e.id)
-                .chain(unreadable.iter().map(|f| f.id))
-                .chain(highest)
-                .max();
             if !unreadable.is_empty() {
                 self.charge_failures(unreadable);
             }
@@ -119,7 +106,7 @@ impl Relay {
             if sent.is_empty() {
                 next = match self.extension.statements() {
                     Some(statements) if got == chunk && claimed < batch_size => {
-                        statements.claim(chunk.min(batch_size - claimed), highest, &scope)
+                        statements.claim(chunk.min(batch_size - claimed), &scope)
                     }
                     _ => Claimed::default(),
                 };
@@ -134,7 +121,7 @@ impl Relay {
             // Written while Redis works; undone by the rollback if Redis fails.
             statements.mark_published(sent.iter().map(|e| e.0).collect());
             next = if got == chunk && claimed < batch_size {
-                statements.claim(chunk.min(batch_size - claimed), highest, &scope)
+                statements.claim(chunk.min(batch_size - claimed), &scope)
             } else {
                 Claimed::default()
             };
@@ -202,11 +189,6 @@ impl Relay {
         }
         if claimed == batch_size {
             batch.pass = Pass::Full;
-            // A backlog: the next pass, if this one commits, claims past this one first; unless
-            // events were held back, which must go before their keys' later ones.
-            if !order.deferred() {
-                self.claim_above = highest;
-            }
         } else if order.deferred() && batch.published > 0 {
             // Events held back for going to another stream than their key's earlier ones: the
             // next pass sends them, at once rather than at the next wake-up.

@@ -110,8 +110,6 @@ struct Relay {
     extension: Extension,
     state: WorkerState,
     pacing: Pacing,
-    /// After a full pass that committed: the highest id it claimed (see `Statements::claim`).
-    claim_above: Option<i64>,
     backoff: Backoff,
     retries: RetrySchedule,
     /// Whether an event in this worker's lanes had failed when last looked (see `batch.rs`).
@@ -167,7 +165,6 @@ impl Relay {
             extension: Extension::default(),
             state: WorkerState::Starting,
             pacing: Pacing::new(Instant::now()),
-            claim_above: None,
             backoff: Backoff::default(),
             retries: RetrySchedule::default(),
             failing: false,
