@@ -154,11 +154,15 @@ impl Relay {
                 .into_iter()
                 .zip(results)
                 .filter_map(|((id, topic, attempts, key), result)| {
-                    result.err().map(|error| Failure {
-                        ordering: Some(match key {
-                            Some(key) => Ordering::Key(key),
-                            None => Ordering::Topic(topic.clone()),
-                        }),
+                    let error = result.err()?;
+                    // The later events of its key wait: those claimed in this pass are held
+                    // back (unmarked, they are claimed again once this one is out), and the
+                    // claims after this one pass them by in SQL.
+                    order.hold(match key {
+                        Some(key) => Ordering::Key(key),
+                        None => Ordering::Topic(topic.clone()),
+                    });
+                    Some(Failure {
                         id,
                         topic,
                         attempts,
@@ -169,17 +173,6 @@ impl Relay {
                 .collect();
             batch.published += (published - failures.len()) as u64;
             if !failures.is_empty() {
-                // The later events of their keys wait: those claimed in this pass are held back
-                // (unmarked, they are claimed again once the failed event is out), and the
-                // claims after this one pass them by in SQL.
-                for failure in &failures {
-                    order.hold(
-                        failure
-                            .ordering
-                            .clone()
-                            .unwrap_or(Ordering::Topic(failure.topic.clone())),
-                    );
-                }
                 scope.failing = true;
                 self.failing = true;
                 // Unmarked, and scheduled for later: the claims left in this transaction pass

@@ -13,7 +13,7 @@ use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
 use pgrx::{PgOid, PgTryBuilder};
 
-use super::encode::{ascii_safe, Event, Ordering};
+use super::encode::{ascii_safe, Event};
 use crate::ring::{self, LEAVES};
 
 /// The schema the extension with oid `oid` lives in, and its installed version.
@@ -46,8 +46,6 @@ impl Claimed {
 pub struct Failure {
     pub id: i64,
     pub topic: String,
-    /// What keeps the event's order, when it was read.
-    pub ordering: Option<Ordering>,
     /// Attempts charged before this one.
     pub attempts: i32,
     pub error: String,
@@ -458,7 +456,6 @@ fn read_events(mut table: SpiTupleTable) -> Claimed {
                 claimed.unreadable.push(Failure {
                     id,
                     topic: topic.unwrap_or_default(),
-                    ordering: None,
                     attempts,
                     error,
                     permanent: true,
