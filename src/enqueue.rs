@@ -184,17 +184,16 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
             Some(extra) if extra.deliver_at.is_some() => {
                 insert::insert_delayed(schema, topic_datum, payload_datum, extra)
             }
-            _ => insert::insert_event(schema, topic_datum, payload_datum, extra.as_ref()),
+            _ => {
+                // Before the insert, so that the transaction counts as enqueueing before its
+                // event exists (see `wake.rs`).
+                wake::wake_relay_at_commit();
+                insert::insert_event(schema, topic_datum, payload_datum, extra.as_ref())
+            }
         };
 
         if let Some(channel) = gucs::notify_channel_ptr() {
             notify(channel, topic_datum);
-        }
-        if extra
-            .as_ref()
-            .is_none_or(|extra| extra.deliver_at.is_none())
-        {
-            wake::wake_relay_at_commit();
         }
         id
     }

@@ -352,6 +352,53 @@ impl DatabaseShare {
 /// Databases that can have an entry at once: those relayed, and under `*` those looked into.
 pub const MAX_DATABASES: usize = 256;
 
+/// How many counters of enqueueing transactions there are; a database uses the one its OID
+/// picks, shared with the databases whose OIDs fall on the same one.
+const ACTIVITY_COUNTERS: usize = 64;
+
+/// Transactions that enqueued, counted when they enqueue first and again when they have ended
+/// (after their commit became visible, or at their rollback or PREPARE). A relay may claim past
+/// its last batch only while the two counts stayed equal: then no enqueued event can have
+/// become visible below it since (see `relay/cursor.rs`).
+#[repr(C)]
+pub struct EnqueueActivity {
+    started: AtomicU64,
+    ended: AtomicU64,
+}
+
+impl EnqueueActivity {
+    fn new() -> EnqueueActivity {
+        EnqueueActivity {
+            started: AtomicU64::new(0),
+            ended: AtomicU64::new(0),
+        }
+    }
+
+    /// A transaction enqueues for the first time.
+    pub fn start(&self) {
+        self.started.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A transaction counted by [`EnqueueActivity::start`] has ended.
+    pub fn end(&self) {
+        self.ended.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many transactions have started, if every one of them has ended.
+    pub fn quiet(&self) -> Option<u64> {
+        // Ended first: a count of started read after it that equals it leaves no transaction in
+        // between.
+        let ended = self.ended.load(Ordering::SeqCst);
+        let started = self.started.load(Ordering::SeqCst);
+        (started == ended).then_some(started)
+    }
+
+    /// How many transactions have started.
+    pub fn started(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
+    }
+}
+
 #[repr(C)]
 pub struct Shared {
     slots: [WorkerSlot; MAX_WORKERS as usize],
@@ -359,6 +406,8 @@ pub struct Shared {
     databases: [DatabaseShare; MAX_DATABASES],
     /// Held (1) while an entry is taken or freed: a few loads and stores, never a wait inside.
     entries_lock: AtomicU32,
+    /// Transactions that enqueued, by database OID (see [`EnqueueActivity`]).
+    activity: [EnqueueActivity; ACTIVITY_COUNTERS],
 }
 
 impl Shared {
@@ -367,7 +416,13 @@ impl Shared {
             slots: std::array::from_fn(|_| WorkerSlot::new()),
             databases: std::array::from_fn(|_| DatabaseShare::new()),
             entries_lock: AtomicU32::new(0),
+            activity: std::array::from_fn(|_| EnqueueActivity::new()),
         }
+    }
+
+    /// The count of enqueueing transactions of database `oid`.
+    pub fn activity(&self, oid: u32) -> &EnqueueActivity {
+        &self.activity[oid as usize % ACTIVITY_COUNTERS]
     }
 
     /// The slot of worker `index` (clamped to the slots there are).

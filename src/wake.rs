@@ -4,6 +4,10 @@
 //! a latch: `outbox_enqueue` only records the wish, and a transaction callback sets every
 //! worker's latch at COMMIT. A rollback or PREPARE TRANSACTION wakes nobody; the poll picks up
 //! a prepared transaction once it is committed.
+//!
+//! The same wish counts the transaction in its database's [`EnqueueActivity`] when it is made,
+//! and again once the transaction has ended: the relay claims past its last batch only while no
+//! such transaction ran.
 
 use std::cell::Cell;
 use std::ffi::c_void;
@@ -18,15 +22,24 @@ use crate::shmem;
 static WAKE_PENDING: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// Asks for the relay to be woken when the current transaction commits. Cheap enough to call on
-/// every enqueue: after the first call in a transaction it only sets a flag.
+/// every enqueue: after the first call in a transaction it only reads a flag. Call it before
+/// the events are written: the transaction is then counted as enqueueing before any of its
+/// events can be seen.
 pub fn wake_relay_at_commit() {
-    if shmem::shared().is_none() {
+    let Some(shared) = shmem::shared() else {
         return; // not preloaded: no relay to wake
+    };
+    if WAKE_PENDING.get().get() {
+        return;
     }
     backend::register_once(&backend::XACT_CALLBACK, || {
         // SAFETY: registers a callback that lives as long as the library, once per backend.
         unsafe { pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut()) };
     });
+    // SAFETY: reads this backend's database.
+    shared
+        .activity(unsafe { pg_sys::MyDatabaseId.to_u32() })
+        .start();
     WAKE_PENDING.get().set(true);
 }
 
@@ -40,15 +53,27 @@ fn _outbox_wake() {
 unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
     use pg_sys::XactEvent::*;
     match event {
+        // Called once the commit is visible to others: a relay that sees the transaction as
+        // ended sees its events too.
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT if WAKE_PENDING.get().get() => {
             WAKE_PENDING.get().set(false);
             if let Some(shared) = shmem::shared() {
                 // SAFETY: reads this backend's database.
-                shared.wake_database(unsafe { pg_sys::MyDatabaseId.to_u32() });
+                let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
+                shared.activity(database).end();
+                shared.wake_database(database);
             }
         }
-        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE
+            if WAKE_PENDING.get().get() =>
+        {
             WAKE_PENDING.get().set(false);
+            if let Some(shared) = shmem::shared() {
+                // SAFETY: reads this backend's database.
+                shared
+                    .activity(unsafe { pg_sys::MyDatabaseId.to_u32() })
+                    .end();
+            }
         }
         _ => {}
     }

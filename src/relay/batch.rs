@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 use super::claim::{self, Claimed, Failure, Scope};
+use super::cursor::Verdict;
 use super::encode::Ordering;
 use super::order::PassOrder;
 use super::publish::{Interrupted, Reply};
@@ -83,8 +84,12 @@ impl Relay {
             let moved = statements.move_due(batch_size, &scope.lanes);
             self.moved_at = Some(now);
             self.moved_full = moved == batch_size;
+            if moved > 0 {
+                // Their ids are older than the backlog's: claim from the lowest.
+                self.start.forget();
+            }
         }
-        let mut next = statements.claim(chunk, &scope);
+        let mut next = self.claim(chunk, &scope);
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
         let mut order = PassOrder::default();
@@ -104,11 +109,10 @@ impl Relay {
                 .map(|e| (e.id, e.topic.clone(), e.attempts, e.key.clone()))
                 .collect();
             if sent.is_empty() {
-                next = match self.extension.statements() {
-                    Some(statements) if got == chunk && claimed < batch_size => {
-                        statements.claim(chunk.min(batch_size - claimed), &scope)
-                    }
-                    _ => Claimed::default(),
+                next = if got == chunk && claimed < batch_size {
+                    self.claim(chunk.min(batch_size - claimed), &scope)
+                } else {
+                    Claimed::default()
                 };
                 continue;
             }
@@ -121,7 +125,7 @@ impl Relay {
             // Written while Redis works; undone by the rollback if Redis fails.
             statements.mark_published(sent.iter().map(|e| e.0).collect());
             next = if got == chunk && claimed < batch_size {
-                statements.claim(chunk.min(batch_size - claimed), &scope)
+                self.claim(chunk.min(batch_size - claimed), &scope)
             } else {
                 Claimed::default()
             };
@@ -180,6 +184,10 @@ impl Relay {
                 self.charge_failures(failures);
             }
         }
+        if order.deferred() {
+            // Events held back stay unpublished below the cursor.
+            self.start.forget();
+        }
         if claimed == batch_size {
             batch.pass = Pass::Full;
         } else if order.deferred() && batch.published > 0 {
@@ -188,6 +196,35 @@ impl Relay {
             batch.pass = Pass::Full;
         }
         batch
+    }
+
+    /// Claims up to `limit` events of `scope`, past the last claim's reach while no transaction
+    /// enqueued since (see `cursor.rs`), else from the lowest id.
+    fn claim(&mut self, limit: usize, scope: &Scope) -> Claimed {
+        let Some(statements) = self.extension.statements() else {
+            return Claimed::default();
+        };
+        let quiet = self.activity.quiet();
+        let above = self.start.above(quiet, &scope.lanes);
+        let now = Instant::now();
+        let below = self.start.below_due(now, self.settings.poll_interval);
+        let claimed = statements.claim(limit, above, below, scope);
+        if above.is_none() || (below && claimed.len() < limit) {
+            self.start.looked_below(now);
+        }
+        let verdict = self.start.claimed(
+            quiet,
+            self.activity.started(),
+            above,
+            claimed.highest(),
+            &scope.lanes,
+        );
+        match verdict {
+            // The rows claimed past the cursor are this transaction's: claimed again with the
+            // rest, not skipped.
+            Verdict::Redo => statements.claim(limit, None, false, scope),
+            Verdict::Keep => claimed,
+        }
     }
 
     /// What this pass may claim: the lanes of the worker's share, once it holds their groups'

@@ -40,6 +40,12 @@ impl Claimed {
     pub fn len(&self) -> usize {
         self.events.len() + self.unreadable.len()
     }
+
+    /// The highest id claimed, if any.
+    pub fn highest(&self) -> Option<i64> {
+        let events = self.events.iter().map(|e| e.id);
+        events.chain(self.unreadable.iter().map(|f| f.id)).max()
+    }
 }
 
 /// An event that could not be published this time.
@@ -112,6 +118,9 @@ impl Claim {
 pub struct Statements {
     pub extension: pg_sys::Oid,
     claim_fresh: Claim,
+    /// The fresh claim above an id, and below it (see [`Statements::claim`]).
+    claim_fresh_above: Claim,
+    claim_fresh_below: Claim,
     claim_due: Claim,
     /// Whether an event in a range of lanes has failed and is not yet published.
     failing: OwnedPreparedStatement,
@@ -140,9 +149,13 @@ const CLAIMED_COLUMNS: &str =
                                o.key, o.headers::pg_catalog.text";
 
 /// Prepares a claim in its two forms. `filter` follows `WHERE`, `order` is the `ORDER BY` list;
-/// `$1` is the limit, `$2` and `$3` the worker's lanes.
-fn prepare_claim(schema: &str, filter: &str, order: &str) -> Claim {
-    let args = [pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID];
+/// `$1` is the limit, `$2` and `$3` the worker's lanes, and `$4` (a `bigint`, when `with_id`)
+/// is free.
+fn prepare_claim(schema: &str, filter: &str, order: &str, with_id: bool) -> Claim {
+    let mut args = vec![pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID];
+    if with_id {
+        args.push(pg_sys::INT8OID);
+    }
     let statement = |guard: &str| {
         format!(
             "SELECT {CLAIMED_COLUMNS} FROM {schema}.outbox o \
@@ -189,7 +202,19 @@ impl Statements {
             extension,
             // Events that never failed, in id order, through the partial index that holds
             // only them; the lanes beside the ids pass by other workers' events in the index.
-            claim_fresh: prepare_claim(&s, fresh, "o.id"),
+            claim_fresh: prepare_claim(&s, fresh, "o.id", false),
+            claim_fresh_above: prepare_claim(
+                &s,
+                &format!("{fresh} AND o.id OPERATOR(pg_catalog.>) $4"),
+                "o.id",
+                true,
+            ),
+            claim_fresh_below: prepare_claim(
+                &s,
+                &format!("{fresh} AND o.id OPERATOR(pg_catalog.<=) $4"),
+                "o.id",
+                true,
+            ),
             // Events whose retry delay is over, through the index of waiting events: however
             // many wait, only the due ones are read.
             claim_due: prepare_claim(
@@ -199,6 +224,7 @@ impl Statements {
                 // Among due events of one key only the earliest passes the check above, so
                 // the index's order is enough.
                 "o.next_attempt_at",
+                false,
             ),
             failing: prepare(
                 &format!(
@@ -314,17 +340,27 @@ impl Statements {
     /// first those that never failed, in id order, then those whose retry is due.
     /// Returned in id order.
     ///
-    /// Each claim starts from the lowest unpublished id, stepping over the index entries of rows
-    /// published since vacuum last came. Claiming past the last id claimed instead (as before
-    /// 0.5.0) let a key's later event go out while an earlier one, committed late below it,
-    /// waited: `tests/keys.rs` shows it. Within a pass, the rows already marked are passed by,
-    /// since the transaction sees its own marks.
-    pub fn claim(&self, limit: usize, scope: &Scope) -> Claimed {
-        let run =
-            |claim: &Claim, limit: usize| run_claim(claim.for_scope(scope), limit, &scope.lanes);
-        let mut claimed = run(&self.claim_fresh, limit);
+    /// With `above`, the events that never failed are looked for past that id first, and, if
+    /// there are not enough past it and `below` allows, at or below it; `cursor.rs` says when
+    /// that is right.
+    pub fn claim(&self, limit: usize, above: Option<i64>, below: bool, scope: &Scope) -> Claimed {
+        let run = |claim: &Claim, limit: usize, id: Option<i64>| {
+            run_claim(claim.for_scope(scope), limit, &scope.lanes, id)
+        };
+        let mut claimed = match above {
+            None => run(&self.claim_fresh, limit, None),
+            Some(above) => {
+                let mut claimed = run(&self.claim_fresh_above, limit, Some(above));
+                if claimed.len() < limit && below {
+                    let below = run(&self.claim_fresh_below, limit - claimed.len(), Some(above));
+                    claimed.events.splice(0..0, below.events);
+                    claimed.unreadable.extend(below.unreadable);
+                }
+                claimed
+            }
+        };
         if claimed.len() < limit {
-            let due = run(&self.claim_due, limit - claimed.len());
+            let due = run(&self.claim_due, limit - claimed.len(), None);
             if !due.events.is_empty() || !due.unreadable.is_empty() {
                 claimed.events.extend(due.events);
                 claimed.unreadable.extend(due.unreadable);
@@ -391,10 +427,12 @@ fn run_claim(
     statement: &OwnedPreparedStatement,
     limit: usize,
     lanes: &std::ops::Range<i16>,
+    id: Option<i64>,
 ) -> Claimed {
     Spi::connect_mut(|client| {
-        let args: Vec<DatumWithOid> =
+        let mut args: Vec<DatumWithOid> =
             vec![(limit as i64).into(), lanes.start.into(), lanes.end.into()];
+        args.extend(id.map(DatumWithOid::from));
         let table = client
             .update(statement, None, &args)
             .unwrap_or_else(|e| error!("outbox relay: claim failed: {e}"));

@@ -12,6 +12,7 @@ pub mod backoff;
 mod batch;
 mod claim;
 mod connection;
+mod cursor;
 pub mod encode;
 mod extension;
 pub mod launcher;
@@ -34,7 +35,7 @@ use pgrx::prelude::*;
 
 use crate::databases::Selection;
 use crate::gucs;
-use crate::shmem::{DatabaseShare, WorkerSlot, WorkerState};
+use crate::shmem::{DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use extension::Extension;
 use publish::Publisher;
@@ -78,7 +79,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     }
     session::pin_settings(&format!("outbox relay {index}"));
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
-    Relay::new(index, share, slot).run();
+    Relay::new(index, share, slot, shared.activity(database)).run();
 }
 
 /// What one pass of the loop found.
@@ -110,6 +111,10 @@ struct Relay {
     extension: Extension,
     state: WorkerState,
     pacing: Pacing,
+    /// Where the next claim may start (see `cursor.rs`).
+    start: cursor::ClaimStart,
+    /// The count of this database's enqueueing transactions.
+    activity: &'static EnqueueActivity,
     backoff: Backoff,
     retries: RetrySchedule,
     /// Whether an event in this worker's lanes had failed when last looked (see `batch.rs`).
@@ -121,7 +126,12 @@ struct Relay {
 }
 
 impl Relay {
-    fn new(index: usize, share: &'static DatabaseShare, slot: &'static WorkerSlot) -> Relay {
+    fn new(
+        index: usize,
+        share: &'static DatabaseShare,
+        slot: &'static WorkerSlot,
+        activity: &'static EnqueueActivity,
+    ) -> Relay {
         // SAFETY: plain reads of process globals, after the database connection is made.
         let namespace = unsafe {
             format!(
@@ -165,6 +175,8 @@ impl Relay {
             extension: Extension::default(),
             state: WorkerState::Starting,
             pacing: Pacing::new(Instant::now()),
+            start: cursor::ClaimStart::default(),
+            activity,
             backoff: Backoff::default(),
             retries: RetrySchedule::default(),
             failing: false,
@@ -307,6 +319,10 @@ impl Relay {
             ((batch.pass, batch.published, batch.end), batch.end)
         });
         self.publisher.transaction_ended(end == End::Commit);
+        if end != End::Commit {
+            // Its events are unpublished again, below the cursor.
+            self.start.forget();
+        }
         self.pacing.pass_ended(published);
         if published > 0 {
             let at = worker::now();
