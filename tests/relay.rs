@@ -638,6 +638,87 @@ fn plans_made_on_a_small_table_never_scan_it_during_a_burst() {
     );
 }
 
+/// The claims read the index of unpublished events whatever the statistics say. A partition
+/// analyzed while its rows were unpublished (autovacuum after a burst, say), then emptied, is
+/// planned for as a small table of unpublished rows: a claim ordered by id alone went through
+/// its primary key, and once the ring came round to it again, read every row published there
+/// since, for every pass.
+#[test]
+fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
+    let redis = Redis::start();
+    // Statistics stay what this test makes them.
+    let pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.batch_size", "100"), ("autovacuum", "off")],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let relayed = |topic: &str, n: usize| {
+        assert!(
+            wait_until(Duration::from_secs(60), || redis.xlen(topic) == n),
+            "{topic} was not relayed"
+        );
+    };
+    // The second partition's run of ids: analyzed while unpublished, published, emptied.
+    client
+        .batch_execute("SELECT setval('outbox_id_seq', 65536)")
+        .unwrap();
+    client.batch_execute("BEGIN").unwrap();
+    enqueue_many(&mut client, "before", 1_000);
+    client.batch_execute("ANALYZE outbox; COMMIT").unwrap();
+    relayed("before", 1_000);
+    for statement in ["TRUNCATE outbox", "VACUUM outbox"] {
+        client.batch_execute(statement).unwrap();
+    }
+    // A pass from the lowest id (as after any enqueue) plans the claims again, on the empty
+    // partition.
+    client.batch_execute("SELECT _outbox_wake()").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // 30,000 published rows in it.
+    enqueue_many(&mut client, "history", 30_000);
+    relayed("history", 30_000);
+    let primary_key_reads = |client: &mut postgres::Client| -> i64 {
+        client
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .unwrap();
+        client
+            .query_one(
+                "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes \
+                 WHERE indexrelname LIKE 'outbox\\_%\\_pkey' \
+                   AND relid IN (SELECT inhrelid FROM pg_inherits \
+                                 WHERE inhparent = 'outbox'::regclass)",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = primary_key_reads(&mut client);
+    // Each event its own transaction: each pass claims from the lowest id.
+    for n in 1..=100 {
+        client
+            .batch_execute("SELECT outbox_enqueue('single', '{}')")
+            .unwrap();
+        assert!(wait_until(Duration::from_secs(10), || redis.xlen("single") == n));
+    }
+    // The worker reports its counts at most once a second: a reload wakes it once more.
+    std::thread::sleep(Duration::from_millis(1200));
+    client.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Marking reads one entry per event; a claim through the primary key reads the 30,000
+    // published rows.
+    let read = primary_key_reads(&mut client) - before;
+    eprintln!("{read} primary key entries read for 100 events");
+    assert!(
+        read >= 100,
+        "{read} primary key entries read: the counts were not reported"
+    );
+    assert!(
+        read < 10_000,
+        "{read} primary key entries read for 100 events"
+    );
+}
+
 /// An event whose transaction took its id before a backlog's and commits in the middle of the
 /// drain sits below the last batch claimed, and must still go out, once: while its transaction
 /// runs, the relay claims from the lowest id.

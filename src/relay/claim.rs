@@ -143,6 +143,9 @@ fn prepare(sql: &str, args: &[pg_sys::Oid]) -> OwnedPreparedStatement {
     })
 }
 
+/// The order of the claims of events that never failed: the columns of their partial index.
+const FRESH_ORDER: &str = "o.id, o.lane";
+
 /// The columns every claim returns, in the order [`read_events`] reads them.
 const CLAIMED_COLUMNS: &str =
     "o.id, o.topic, o.payload::pg_catalog.text, o.created_at, o.attempts, \
@@ -202,17 +205,21 @@ impl Statements {
             extension,
             // Events that never failed, in id order, through the partial index that holds
             // only them; the lanes beside the ids pass by other workers' events in the index.
-            claim_fresh: prepare_claim(&s, fresh, "o.id", false),
+            // Ordered by (id, lane), which is id order, as only that index gives it: ordered
+            // by id alone, a partition analyzed while its rows were unpublished and planned
+            // for while empty was read through its primary key, every published row of it for
+            // every claim (`tests/relay.rs`).
+            claim_fresh: prepare_claim(&s, fresh, FRESH_ORDER, false),
             claim_fresh_above: prepare_claim(
                 &s,
                 &format!("{fresh} AND o.id OPERATOR(pg_catalog.>) $4"),
-                "o.id",
+                FRESH_ORDER,
                 true,
             ),
             claim_fresh_below: prepare_claim(
                 &s,
                 &format!("{fresh} AND o.id OPERATOR(pg_catalog.<=) $4"),
-                "o.id",
+                FRESH_ORDER,
                 true,
             ),
             // Events whose retry delay is over, through the index of waiting events: however

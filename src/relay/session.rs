@@ -35,11 +35,12 @@ const PINNED: &[(&CStr, &str)] = &[
     // worker's CPU under a stream of commits), and a generic plan built while the table held a
     // page or two was a sequential scan, kept through the next burst until autoanalyze ran.
     // With sequential scans and sorts priced out, every plan walks an index (the claims the
-    // partial indexes of unpublished rows, the others the primary key), whatever the statistics
-    // say when it is built.
+    // partial indexes of unpublished rows, which alone give their order, see `claim.rs`; the
+    // others the primary key), whatever the statistics say when it is built.
     (c"plan_cache_mode", "force_generic_plan"),
     (c"enable_seqscan", "off"),
     (c"enable_sort", "off"),
+    (c"enable_incremental_sort", "off"),
     (c"enable_indexscan", "on"),
     (c"enable_indexonlyscan", "on"),
 ];
