@@ -16,6 +16,36 @@ fn count_ids(ids: &[i64]) -> HashMap<i64, usize> {
     counts
 }
 
+/// The partitions' primary keys, and their indexes of unpublished events, for LIKE.
+const PRIMARY_KEYS: &str = "outbox\\_%\\_pkey";
+const UNPUBLISHED_INDEXES: &str = "outbox\\_%\\_id\\_lane\\_idx";
+
+/// Index entries read from the partitions' indexes whose names are `LIKE pattern`, as the
+/// statistics count them.
+fn index_entries_read(client: &mut postgres::Client, pattern: &str) -> i64 {
+    client
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .unwrap();
+    client
+        .query_one(
+            "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes \
+             WHERE indexrelname LIKE $1 \
+               AND relid IN (SELECT inhrelid FROM pg_inherits \
+                             WHERE inhparent = 'outbox'::regclass)",
+            &[&pattern],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// Returns once the worker has reported the counts of its passes so far: it reports after a
+/// pass, at most once a second, and a reload wakes it for one more pass.
+fn after_the_worker_reports(client: &mut postgres::Client) {
+    std::thread::sleep(Duration::from_millis(1200));
+    client.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+}
+
 #[test]
 fn a_committed_event_reaches_its_stream_long_before_the_poll() {
     let redis = Redis::start();
@@ -677,23 +707,8 @@ fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
     // 30,000 published rows in it.
     enqueue_many(&mut client, "history", 30_000);
     relayed("history", 30_000);
-    let primary_key_reads = |client: &mut postgres::Client| -> i64 {
-        client
-            .batch_execute("SELECT pg_stat_clear_snapshot()")
-            .unwrap();
-        client
-            .query_one(
-                "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes \
-                 WHERE indexrelname LIKE 'outbox\\_%\\_pkey' \
-                   AND relid IN (SELECT inhrelid FROM pg_inherits \
-                                 WHERE inhparent = 'outbox'::regclass)",
-                &[],
-            )
-            .unwrap()
-            .get(0)
-    };
-    std::thread::sleep(Duration::from_millis(1500));
-    let before = primary_key_reads(&mut client);
+    after_the_worker_reports(&mut client);
+    let before = index_entries_read(&mut client, PRIMARY_KEYS);
     // Each event its own transaction: each pass claims from the lowest id.
     for n in 1..=100 {
         client
@@ -701,13 +716,10 @@ fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
             .unwrap();
         assert!(wait_until(Duration::from_secs(10), || redis.xlen("single") == n));
     }
-    // The worker reports its counts at most once a second: a reload wakes it once more.
-    std::thread::sleep(Duration::from_millis(1200));
-    client.batch_execute("SELECT pg_reload_conf()").unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    after_the_worker_reports(&mut client);
     // Marking reads one entry per event; a claim through the primary key reads the 30,000
     // published rows.
-    let read = primary_key_reads(&mut client) - before;
+    let read = index_entries_read(&mut client, PRIMARY_KEYS) - before;
     eprintln!("{read} primary key entries read for 100 events");
     assert!(
         read >= 100,
@@ -773,21 +785,7 @@ fn a_quiet_backlog_is_claimed_past_the_last_batch() {
     reader
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
         .unwrap();
-    let entries_read = |client: &mut postgres::Client| -> i64 {
-        client
-            .batch_execute("SELECT pg_stat_clear_snapshot()")
-            .unwrap();
-        client
-            .query_one(
-                "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes \
-                 WHERE indexrelid IN (SELECT inhrelid FROM pg_inherits \
-                                      WHERE inhparent = 'outbox_unpublished'::regclass)",
-                &[],
-            )
-            .unwrap()
-            .get(0)
-    };
-    let before = entries_read(&mut client);
+    let before = index_entries_read(&mut client, UNPUBLISHED_INDEXES);
     let n = 20_000;
     enqueue_many(&mut client, "quiet", n);
     assert!(
@@ -795,22 +793,10 @@ fn a_quiet_backlog_is_claimed_past_the_last_batch() {
             == n as usize),
         "the backlog was not drained"
     );
-    // The worker reports its counts after a transaction, at most once a second: a reload
-    // wakes it for one more pass once that second has passed; read until two readings 1.5 s
-    // apart agree.
-    std::thread::sleep(Duration::from_millis(1200));
-    client.batch_execute("SELECT pg_reload_conf()").unwrap();
-    let mut read = -1;
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_millis(1500));
-        let now = entries_read(&mut client) - before;
-        if now == read {
-            break;
-        }
-        read = now;
-    }
-    // Claims past the last batch read each entry about once, and the last claim from the
-    // lowest id once more; claims from the lowest id, 400 of them, would read millions.
+    after_the_worker_reports(&mut client);
+    let read = index_entries_read(&mut client, UNPUBLISHED_INDEXES) - before;
+    // Claims past the last batch read each entry about once; claims from the lowest id, 400
+    // of them, would read millions.
     eprintln!("{read} index entries read to drain {n} events");
     assert!(
         read >= n,
