@@ -365,6 +365,9 @@ impl Sentinels {
                 .is_ok_and(|i| i.contains("master_link_status:up"))),
             "the replica did not catch up with the primary"
         );
+        // A primary is judged down after 5 s without an answer. At 1 s, a loaded machine once
+        // had the sentinels fail over a second time, onto the old primary restarted empty and
+        // still syncing, which lost what Redis had acknowledged before the first failover.
         let mut sentinels = Vec::new();
         for _ in 0..3 {
             let port = super::free_port();
@@ -375,7 +378,7 @@ impl Sentinels {
                 format!(
                     "port {port}\nbind 127.0.0.1\ndir {}\n\
                      sentinel monitor {} 127.0.0.1 {primary_port} 2\n\
-                     sentinel down-after-milliseconds {} 1000\n\
+                     sentinel down-after-milliseconds {} 5000\n\
                      sentinel failover-timeout {} 10000\n",
                     dir.display(),
                     Sentinels::MASTER,
