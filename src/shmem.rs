@@ -251,8 +251,11 @@ pub struct DatabaseShare {
     last_published_at: AtomicI64,
     /// Earliest time the next pruning round may start; claimed by compare-and-swap.
     next_prune_at: AtomicI64,
-    /// Earliest time the next look for partitions to empty may start, claimed likewise.
-    next_truncate_at: AtomicI64,
+    /// When a worker last looked for partitions to empty (0: not since the entry was taken);
+    /// the next look is claimed by compare-and-swap.
+    truncate_looked_at: AtomicI64,
+    /// When a partition that is due but was not emptied is to be tried again.
+    truncate_again_at: AtomicI64,
     /// For each partition of the ring, when a batch with rows in it was last marked published
     /// (at the latest when the entry was taken): every row in it was published no later than
     /// that.
@@ -270,7 +273,8 @@ impl DatabaseShare {
             oid: AtomicU32::new(0),
             last_published_at: AtomicI64::new(NO_TIME),
             next_prune_at: AtomicI64::new(0),
-            next_truncate_at: AtomicI64::new(0),
+            truncate_looked_at: AtomicI64::new(0),
+            truncate_again_at: AtomicI64::new(0),
             leaves_marked_at: std::array::from_fn(|_| AtomicI64::new(0)),
             paused_until: AtomicI64::new(0),
             absent_until: AtomicI64::new(0),
@@ -281,7 +285,8 @@ impl DatabaseShare {
     fn reset(&self, now: i64) {
         self.last_published_at.store(NO_TIME, Ordering::Relaxed);
         self.next_prune_at.store(0, Ordering::Relaxed);
-        self.next_truncate_at.store(0, Ordering::Relaxed);
+        self.truncate_looked_at.store(0, Ordering::Relaxed);
+        self.truncate_again_at.store(0, Ordering::Relaxed);
         for marked_at in &self.leaves_marked_at {
             marked_at.store(now, Ordering::Relaxed);
         }
@@ -309,10 +314,27 @@ impl DatabaseShare {
         claim_turn(&self.next_prune_at, now, every)
     }
 
-    /// Claims the next look for partitions to empty, as [`DatabaseShare::claim_prune_turn`]
-    /// does.
-    pub fn claim_truncate_turn(&self, now: i64, every: Duration) -> bool {
-        claim_turn(&self.next_truncate_at, now, every)
+    /// When a worker last looked for partitions to empty.
+    pub fn truncate_looked_at(&self) -> i64 {
+        self.truncate_looked_at.load(Ordering::Acquire)
+    }
+
+    /// Claims a look for partitions to empty at `now` for the caller, if no worker has looked
+    /// since `seen`: at most one worker wins each look.
+    pub fn claim_truncate_look(&self, seen: i64, now: i64) -> bool {
+        self.truncate_looked_at
+            .compare_exchange(seen, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// When partitions due but not emptied at the last look are to be tried again.
+    pub fn truncate_again_at(&self) -> i64 {
+        self.truncate_again_at.load(Ordering::Acquire)
+    }
+
+    /// Sets when partitions due but not emptied are to be tried again.
+    pub fn set_truncate_again_at(&self, at: i64) {
+        self.truncate_again_at.store(at, Ordering::Release);
     }
 
     /// Records that a batch with rows in the partitions of bitmask `leaves` was marked
@@ -658,12 +680,16 @@ mod tests {
     }
 
     #[test]
-    fn one_caller_wins_each_truncate_turn() {
+    fn one_caller_wins_each_truncate_look() {
         let shared = DatabaseShare::new();
-        let every = Duration::from_micros(100);
-        assert!(shared.claim_truncate_turn(1_000, every));
-        assert!(!shared.claim_truncate_turn(1_050, every));
-        assert!(shared.claim_truncate_turn(1_100, every));
+        let seen = shared.truncate_looked_at();
+        assert!(shared.claim_truncate_look(seen, 1_000));
+        assert!(
+            !shared.claim_truncate_look(seen, 1_050),
+            "another worker looked"
+        );
+        assert_eq!(shared.truncate_looked_at(), 1_000);
+        assert!(shared.claim_truncate_look(1_000, 1_100));
     }
 
     #[test]

@@ -236,3 +236,111 @@ fn a_partition_in_use_is_left_until_it_is_free() {
         "not emptied after the reader finished"
     );
 }
+
+/// A partition is emptied when its retention runs out, not when the relay next has something
+/// to do: with nothing to relay and a poll interval of 30 s, it goes within seconds of coming
+/// due.
+#[test]
+fn an_idle_relay_empties_a_partition_when_it_comes_due() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.retention", "2s"), ("outbox.poll_interval", "30s")],
+    );
+    let mut client = pg.with_extension();
+    start_run(&mut client, 1);
+    enqueue_many(&mut client, "old", 50);
+    start_run(&mut client, 2);
+    enqueue_many(&mut client, "new", 1);
+    assert!(
+        wait_until(Duration::from_secs(15), || redis.xlen("old") == 50
+            && redis.xlen("new") == 1),
+        "events not published"
+    );
+    let due_at: f64 = one(
+        &mut client,
+        "SELECT extract(epoch FROM max(published_at) + interval '2 s')::float8 FROM outbox_01",
+    );
+    assert!(
+        wait_until(Duration::from_secs(40), || partition(
+            &mut client,
+            "outbox_01"
+        )
+        .rows
+            == 0),
+        "the expired partition kept its rows"
+    );
+    let emptied_at: f64 = one(
+        &mut client,
+        "SELECT extract(epoch FROM clock_timestamp())::float8",
+    );
+    let late = emptied_at - due_at;
+    eprintln!("outbox_01 emptied {late:.2} s after its retention ran out");
+    assert!(
+        late < 10.0,
+        "emptied {late:.1} s after its retention ran out, at the relay's next poll"
+    );
+    assert_eq!(partition(&mut client, "outbox_02").rows, 1);
+}
+
+/// An autovacuum of a partition that is due does not keep it: the relay cancels that vacuum,
+/// as PostgreSQL cancels one that blocks a lock request, and empties the partition, where
+/// waiting for the vacuum to end would hold the partition's rows for as long as it runs.
+#[test]
+fn an_autovacuum_does_not_keep_a_due_partition() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.retention", "3s"),
+            ("outbox.poll_interval", "100ms"),
+            ("autovacuum_naptime", "1s"),
+            ("log_autovacuum_min_duration", "0"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    // A vacuum of outbox_01 that takes minutes: a 100 ms nap for every page it reads.
+    client
+        .batch_execute(
+            "ALTER TABLE outbox_01 SET (autovacuum_vacuum_threshold = 0, \
+             autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_insert_threshold = 0, \
+             autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_cost_delay = 100, \
+             autovacuum_vacuum_cost_limit = 1)",
+        )
+        .unwrap();
+    start_run(&mut client, 1);
+    // Keeps the relay from emptying it until autovacuum has started there.
+    let mut reader = pg.connect();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
+        .unwrap();
+    enqueue_many(&mut client, "old", 20_000);
+    start_run(&mut client, 2);
+    enqueue_many(&mut client, "new", 1);
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("old") == 20_000
+            && redis.xlen("new") == 1),
+        "events not published"
+    );
+    let vacuumed = wait_until(Duration::from_secs(30), || {
+        pg.log().contains("canceling autovacuum task")
+            || one::<i64>(
+                &mut client,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE backend_type = 'autovacuum worker' AND query LIKE '%outbox_01%'",
+            ) > 0
+    });
+    assert!(vacuumed, "autovacuum never started on outbox_01");
+    reader.batch_execute("COMMIT").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(15), || partition(
+            &mut client,
+            "outbox_01"
+        )
+        .rows
+            == 0),
+        "the due partition was kept while autovacuum ran there"
+    );
+    assert!(pg.log().contains("canceling autovacuum task"));
+    assert_eq!(partition(&mut client, "outbox_02").rows, 1);
+}

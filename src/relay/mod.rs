@@ -220,10 +220,16 @@ impl Relay {
             match pass {
                 Pass::Full => {}
                 Pass::Drained | Pass::NoExtension => {
-                    worker::wait_latch(
-                        self.retries
-                            .wait(Instant::now(), self.settings.poll_interval),
-                    );
+                    let mut wait = self
+                        .retries
+                        .wait(Instant::now(), self.settings.poll_interval);
+                    // Awake when a partition comes due, to empty it then.
+                    if let Some(retention) = self.settings.retention {
+                        if let Some(due_in) = truncate::wait_for_due(self.share, retention) {
+                            wait = wait.min(due_in);
+                        }
+                    }
+                    worker::wait_latch(wait);
                     let next = self.pacing.next_pass_at();
                     let now = Instant::now();
                     if now < next {

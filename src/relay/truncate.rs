@@ -13,6 +13,13 @@
 //! time is read again and the partition is checked to hold no unpublished row. Writers, which
 //! insert into the partition of the current run, never wait for it; another worker's claim
 //! waits for as long as the `TRUNCATE` takes.
+//!
+//! A partition is looked at as soon as its retention runs out (an idle worker wakes for it),
+//! so that the table holds a partition's rows no longer than that. A partition found in use is
+//! tried again within [`SOON`]; if what holds it is an autovacuum (of a partition with nothing
+//! left to publish, and not one that prevents wraparound), the relay cancels it, as PostgreSQL
+//! cancels an autovacuum that blocks a lock request: vacuuming rows about to be emptied is
+//! wasted work, and the partition's rows would stay for as long as it runs.
 
 use std::time::Duration;
 
@@ -23,8 +30,12 @@ use super::worker::{self, in_transaction, End};
 use crate::ring::{self, LEAVES};
 use crate::shmem::DatabaseShare;
 
-/// Least time between two looks for partitions to empty, across all workers.
+/// Least time between two looks for partitions to empty, across all workers, unless a
+/// partition comes due in between: a partition due but not emptied at the last look (in use,
+/// or holding an event not yet published) is tried again this often.
 const EVERY: Duration = Duration::from_secs(1);
+/// Time before another look when a partition was in use at the last one.
+const SOON: Duration = Duration::from_millis(20);
 
 /// What the relay knows about one partition before it tries to empty it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,54 +63,107 @@ fn expired(marked_at: i64, now: i64, retention: i64) -> bool {
     marked_at.saturating_add(retention) <= now
 }
 
+/// When each partition comes due: when the retention of its last mark runs out.
+fn due_times(shared: &DatabaseShare, retention: i64) -> [i64; LEAVES] {
+    std::array::from_fn(|leaf| shared.leaf_marked_at(leaf).saturating_add(retention))
+}
+
+/// Whether to look for partitions to empty at `now`, the last look having been at `looked_at`
+/// (times in µs): at once when a partition has come due since that look, so that it is emptied
+/// when its retention runs out rather than up to a look's interval later, and otherwise from
+/// `again_at` on while any partition is due.
+pub fn look_now(due: &[i64; LEAVES], looked_at: i64, again_at: i64, now: i64) -> bool {
+    let came_due = due.iter().any(|&at| looked_at < at && at <= now);
+    let again = now >= again_at && due.iter().any(|&at| at <= now);
+    came_due || again
+}
+
+/// How long from `now` until the next partition comes due, rounded up to a millisecond, if
+/// one will without another mark.
+pub fn next_due_in(due: &[i64; LEAVES], now: i64) -> Option<Duration> {
+    let at = due.iter().copied().filter(|&at| at > now).min()?;
+    let micros = at.saturating_sub(now) as u64;
+    Some(Duration::from_millis(micros.div_ceil(1000)))
+}
+
+/// How long an idle worker may wait before a partition of its database comes due.
+pub fn wait_for_due(shared: &DatabaseShare, retention: Duration) -> Option<Duration> {
+    next_due_in(&due_times(shared, micros(retention)), worker::now())
+}
+
+fn micros(duration: Duration) -> i64 {
+    duration.as_micros().min(i64::MAX as u128) as i64
+}
+
 /// How one try at a partition ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
     Emptied,
-    /// Another transaction holds a lock on it.
-    Busy,
+    /// Another transaction holds a lock on it; autovacuums there cancelled.
+    Busy {
+        vacuums_cancelled: i64,
+    },
     /// Rows in it were marked within the retention after all.
     Recent,
     /// It holds an event not yet published.
     Pending,
 }
 
-/// Empties the partitions that are due, one transaction each, when this worker wins the turn
-/// (at most one look a second across all workers).
+/// Empties the partitions that are due, one transaction each, when this worker wins the look
+/// (see [`look_now`]; one worker looks at a time).
 pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str, index: usize) {
     let now = worker::now();
-    if !shared.claim_truncate_turn(now, EVERY) {
+    let retention = micros(retention);
+    let looked_at = shared.truncate_looked_at();
+    let again_at = shared.truncate_again_at();
+    if !look_now(&due_times(shared, retention), looked_at, again_at, now)
+        || !shared.claim_truncate_look(looked_at, now)
+    {
         return;
     }
-    let retention = retention.as_micros().min(i64::MAX as u128) as i64;
-    let due = (0..LEAVES).any(|leaf| expired(shared.leaf_marked_at(leaf), now, retention));
-    if !due {
-        return;
-    }
+    let busy = look(shared, retention, now, schema, index);
+    let wait = if busy { SOON } else { EVERY };
+    shared.set_truncate_again_at(now.saturating_add(micros(wait)));
+}
+
+/// Surveys the partitions and tries to empty those that are due; whether one was in use.
+fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: usize) -> bool {
     let Some((position, names, oids, sizes)) = in_transaction(|| (survey(schema), End::Commit))
     else {
-        return;
+        return false;
     };
     let leaves: [Leaf; LEAVES] = std::array::from_fn(|leaf| Leaf {
         marked_at: shared.leaf_marked_at(leaf),
         bytes: sizes[leaf],
     });
+    let mut busy = false;
     for leaf in candidates(&leaves, position, now, retention) {
         if worker::shutdown_requested() {
-            return;
+            break;
         }
         let outcome = in_transaction(|| {
             let outcome = empty(shared, leaf, oids[leaf], &names[leaf], retention);
             (outcome, End::Commit)
         });
-        if outcome == Outcome::Emptied {
-            debug1!(
+        match outcome {
+            Outcome::Emptied => debug1!(
                 "outbox relay {index}: emptied {} ({} bytes)",
                 names[leaf],
                 sizes[leaf]
-            );
+            ),
+            Outcome::Busy { vacuums_cancelled } => {
+                busy = true;
+                if vacuums_cancelled > 0 {
+                    debug1!(
+                        "outbox relay {index}: cancelled an autovacuum of {} to empty it",
+                        names[leaf]
+                    );
+                }
+            }
+            Outcome::Recent | Outcome::Pending => {}
         }
     }
+    busy
 }
 
 /// The sequence's position, and each partition's qualified name, OID and size.
@@ -142,12 +206,29 @@ fn empty(
         pg_sys::ConditionalLockRelationOid(oid, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE)
     };
     if !locked {
-        return Outcome::Busy;
+        // Without the lock, rows may still be marked: only a partition with nothing to publish
+        // is worth a cancelled vacuum.
+        let vacuums_cancelled = if holds_unpublished(name) {
+            0
+        } else {
+            cancel_autovacuums(oid)
+        };
+        return Outcome::Busy { vacuums_cancelled };
     }
     // Marks record their time before they commit, and a mark's commit comes before the lock.
     if !expired(shared.leaf_marked_at(leaf), worker::now(), retention) {
         return Outcome::Recent;
     }
+    if holds_unpublished(name) {
+        return Outcome::Pending;
+    }
+    Spi::run(&format!("TRUNCATE {name}"))
+        .unwrap_or_else(|e| error!("outbox relay: cannot empty {name}: {e}"));
+    Outcome::Emptied
+}
+
+/// Whether partition `name` holds an event not yet published (or cannot be read).
+fn holds_unpublished(name: &str) -> bool {
     let pending = Spi::get_one::<bool>(&format!(
         "SELECT EXISTS (SELECT 1 FROM {name} \
                         WHERE published_at IS NULL AND next_attempt_at IS NULL) \
@@ -155,12 +236,28 @@ fn empty(
                         WHERE published_at IS NULL AND next_attempt_at IS NOT NULL)"
     ))
     .unwrap_or_else(|e| error!("outbox relay: cannot read {name}: {e}"));
-    if pending != Some(false) {
-        return Outcome::Pending;
-    }
-    Spi::run(&format!("TRUNCATE {name}"))
-        .unwrap_or_else(|e| error!("outbox relay: cannot empty {name}: {e}"));
-    Outcome::Emptied
+    pending != Some(false)
+}
+
+/// Cancels the autovacuums (vacuum or analyze) running on the relation `oid` in this database,
+/// except those that prevent wraparound, which PostgreSQL does not cancel either; how many.
+fn cancel_autovacuums(oid: pg_sys::Oid) -> i64 {
+    // SAFETY: reads this process's database.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    let (database, oid) = (database.to_u32(), oid.to_u32());
+    Spi::get_one::<i64>(&format!(
+        "SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_cancel_backend(a.pid)) \
+           FROM pg_catalog.pg_stat_activity a \
+          WHERE a.backend_type = 'autovacuum worker' AND a.datid = {database} \
+            AND a.query NOT LIKE '%(to prevent wraparound)' \
+            AND a.pid IN (SELECT pid FROM pg_catalog.pg_stat_progress_vacuum \
+                          WHERE relid = {oid} \
+                          UNION ALL \
+                          SELECT pid FROM pg_catalog.pg_stat_progress_analyze \
+                          WHERE relid = {oid})"
+    ))
+    .unwrap_or_else(|e| error!("outbox relay: cannot look for autovacuums: {e}"))
+    .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -192,6 +289,35 @@ mod tests {
         assert!(!got.contains(&2), "marked 5 µs ago, retention 10");
         assert!(got.contains(&5), "marked exactly one retention ago");
         assert!(got.contains(&6));
+    }
+
+    #[test]
+    fn a_partition_is_looked_at_as_soon_as_it_comes_due() {
+        let mut due = [i64::MAX; LEAVES];
+        due[4] = 1_500;
+        // Due since the last look, however recent that was and whenever the next was set.
+        assert!(look_now(&due, 1_400, 2_400, 1_500));
+        assert!(look_now(&due, 1_499, 2_499, 1_600));
+        // Looked at once due (and not emptied): again from the time the look set.
+        assert!(!look_now(&due, 1_500, 2_500, 1_600));
+        assert!(!look_now(&due, 1_500, 2_500, 2_499));
+        assert!(look_now(&due, 1_500, 2_500, 2_500));
+        assert!(look_now(&due, 1_500, 1_520, 1_520), "in use: soon");
+        // Nothing due, however long since the last look.
+        assert!(!look_now(&due, 0, 0, 1_499));
+        assert!(!look_now(&[i64::MAX; LEAVES], 0, 0, 5_000));
+    }
+
+    #[test]
+    fn an_idle_worker_wakes_when_the_next_partition_comes_due() {
+        let mut due = [100; LEAVES];
+        assert_eq!(next_due_in(&due, 1_000), None, "all due already");
+        due[2] = 5_000;
+        due[9] = 3_000_001;
+        assert_eq!(next_due_in(&due, 1_000), Some(Duration::from_millis(4)));
+        assert_eq!(next_due_in(&due, 4_999), Some(Duration::from_millis(1)));
+        assert_eq!(next_due_in(&due, 5_000), Some(Duration::from_millis(2_996)));
+        assert!(next_due_in(&[i64::MAX; LEAVES], 0) > Some(Duration::from_secs(1 << 40)));
     }
 
     #[test]
