@@ -1088,6 +1088,31 @@ struct Sample {
     dead: i64,
 }
 
+/// Autovacuum runs on the table's partitions since the server started.
+fn autovacuums(client: &mut Client) -> i64 {
+    client
+        .query_one(
+            "SELECT coalesce(sum(autovacuum_count), 0)::bigint FROM pg_stat_user_tables \
+             WHERE relid IN (SELECT inhrelid FROM pg_inherits \
+                             WHERE inhparent = 'outbox'::regclass)",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// The total size of the table's partitions and their indexes, in bytes.
+fn total_size(client: &mut Client) -> i64 {
+    client
+        .query_one(
+            "SELECT sum(pg_total_relation_size(inhrelid))::bigint FROM pg_inherits \
+             WHERE inhparent = 'outbox'::regclass",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
 fn sample(client: &mut Client, at: f64) -> Sample {
     let row = client
         .query_one(
@@ -1113,7 +1138,8 @@ fn sample(client: &mut Client, at: f64) -> Sample {
 const SOAK_SECONDS: u32 = 300;
 
 /// A steady stream of 200-byte events for five minutes at each rate, retention 5 s, autovacuum
-/// as configured by default: the table's size beside its live rows', sampled every second, and
+/// as configured by default: the table's size (read every 100 ms) beside its live rows' (every
+/// second), and
 /// the relay's drain rate and CPU per event after the soak beside a fresh table's (medians of
 /// three drains each).
 fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
@@ -1145,48 +1171,56 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
             client.batch_execute("CHECKPOINT").unwrap();
         });
         fresh_table(&mut client);
+        let vacuums_before = autovacuums(&mut client);
         let started = Instant::now();
         let (done, finished) = mpsc::channel::<f64>();
         let pg_ref: &Pg = pg;
-        let samples = thread::scope(|scope| {
+        let (samples, sizes) = thread::scope(|scope| {
             scope.spawn(|| {
                 let tps = pgbench_at_rate(pg_ref, &script, 4, rate, SOAK_SECONDS);
                 let _ = done.send(tps);
             });
-            let mut samples = Vec::new();
+            let (mut samples, mut sizes) = (Vec::new(), Vec::new());
             let mut sampler = pg_ref.connect();
-            // Every second: the size is a sawtooth (a partition fills in 6.5 s at 10,000
-            // events/s, 33 s at 2,000, then the one before it is emptied), and a minute's
-            // largest sample should be its peak.
-            let mut at = 0;
+            // The size is a sawtooth (a partition fills in 6.5 s at 10,000 events/s, 33 s at
+            // 2,000, then the one before it is emptied): it is read every 100 ms, so that a
+            // minute's largest reading is its peak to within 0.1 s of writes, and the rows
+            // (a scan of the table) every second.
+            let mut tick = 0;
             loop {
-                thread::sleep(Duration::from_secs(1));
-                at += 1;
-                let s = sample(&mut sampler, started.elapsed().as_secs_f64());
-                if at % 10 != 0 {
-                    samples.push(s);
-                    if started.elapsed().as_secs() >= u64::from(SOAK_SECONDS) {
-                        break;
+                thread::sleep(Duration::from_millis(100));
+                tick += 1;
+                let at = started.elapsed().as_secs_f64();
+                let ended = started.elapsed().as_secs() >= u64::from(SOAK_SECONDS);
+                if tick % 10 != 0 {
+                    sizes.push((at, total_size(&mut sampler)));
+                } else {
+                    let s = sample(&mut sampler, at);
+                    sizes.push((at, s.total));
+                    if tick % 100 == 0 {
+                        println!(
+                            "  {rate}/s at {:>3.0} s: total {:>6.1} MB, {:>7} live rows, {:>6.1} MB live, {:>7} dead, ratio {:.2}",
+                            s.at,
+                            s.total as f64 / 1e6,
+                            s.rows,
+                            s.live as f64 / 1e6,
+                            s.dead,
+                            s.total as f64 / s.live.max(1) as f64
+                        );
                     }
-                    continue;
+                    samples.push(s);
                 }
-                println!(
-                    "  {rate}/s at {:>3.0} s: total {:>6.1} MB, {:>7} live rows, {:>6.1} MB live, {:>7} dead, ratio {:.2}",
-                    s.at,
-                    s.total as f64 / 1e6,
-                    s.rows,
-                    s.live as f64 / 1e6,
-                    s.dead,
-                    s.total as f64 / s.live.max(1) as f64
-                );
-                samples.push(s);
-                if started.elapsed().as_secs() >= u64::from(SOAK_SECONDS) {
+                if ended {
                     break;
                 }
             }
-            samples
+            (samples, sizes)
         });
         let tps = finished.recv().unwrap();
+        println!(
+            "  autovacuum ran {} times on the partitions during the soak",
+            autovacuums(&mut client) - vacuums_before
+        );
         assert!(
             wait_until(Duration::from_secs(120), || pg.pending() == 0),
             "the soak's backlog did not drain"
@@ -1206,10 +1240,10 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
             })
             .expect("no sample after the first minute");
         let largest_in = |from: f64, to: f64| {
-            samples
+            sizes
                 .iter()
-                .filter(|s| s.at >= from && s.at < to + 5.0)
-                .map(|s| s.total)
+                .filter(|(at, _)| *at >= from && *at < to + 5.0)
+                .map(|(_, total)| *total)
                 .max()
                 .unwrap_or(0)
         };
