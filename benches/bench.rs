@@ -1139,9 +1139,8 @@ const SOAK_SECONDS: u32 = 300;
 
 /// A steady stream of 200-byte events for five minutes at each rate, retention 5 s, autovacuum
 /// as configured by default: the table's size (read every 100 ms) beside its live rows' (every
-/// second), and
-/// the relay's drain rate and CPU per event after the soak beside a fresh table's (medians of
-/// three drains each).
+/// second), and the relay's drain rate and CPU per event after the soak (the median of three
+/// drains) beside a fresh table's (the median of three drains before the soak and three after).
 fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     println!("6. soak ({SOAK_SECONDS} s per rate, retention 5 s)");
     set_and_wait(
@@ -1164,12 +1163,15 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     );
     assert_eq!(payload.len(), 200);
     let script = format!("SELECT outbox_enqueue('soak', '{payload}');\n");
-    for rate in [2_000_u32, 10_000] {
-        let (fresh_rate, fresh_cpu) = drains_with_cpu(pg, redis, || {
+    let fresh_drains = |pg: &Pg| {
+        drains_with_cpu(pg, redis, || {
             let mut client = pg.connect();
             fresh_table(&mut client);
             client.batch_execute("CHECKPOINT").unwrap();
-        });
+        })
+    };
+    for rate in [2_000_u32, 10_000] {
+        let fresh_before = fresh_drains(pg);
         fresh_table(&mut client);
         let vacuums_before = autovacuums(&mut client);
         let started = Instant::now();
@@ -1228,8 +1230,19 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         let _ = redis::cmd("DEL")
             .arg("soak")
             .query::<i64>(&mut redis.conn());
-        // The three drains right after the soak, on the table it left.
-        let (soaked_rate, soaked_cpu) = drains_with_cpu(pg, redis, || {});
+        // The three drains right after the soak, on the table it left; then three on a fresh
+        // table again. The fresh figures are the median of the drains before and after, so
+        // that the machine's drift over the soak's minutes does not land on one side.
+        let soaked = drains_with_cpu(pg, redis, || {});
+        let fresh_after = fresh_drains(pg);
+        let (soaked_rate, soaked_cpu) = (median(soaked.0.clone()), median(soaked.1.clone()));
+        let fresh_rate = median([fresh_before.0.clone(), fresh_after.0.clone()].concat());
+        let fresh_cpu = median([fresh_before.1, fresh_after.1].concat());
+        println!(
+            "  fresh table before the soak {:.0} events/s, after {:.0}; the soaked table {soaked_rate:.0}",
+            median(fresh_before.0),
+            median(fresh_after.0)
+        );
 
         let after_first_minute: Vec<&Sample> = samples.iter().filter(|s| s.at >= 60.0).collect();
         let worst = after_first_minute
@@ -1270,7 +1283,7 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         report.row(
             &format!("soak {rate}/s: relay drain after the soak"),
             format!("{soaked_rate:.0} events/s, {soaked_cpu:.1} µs CPU/event"),
-            format!("{fresh_rate:.0} events/s, {fresh_cpu:.1} µs CPU/event (fresh table)"),
+            format!("{fresh_rate:.0} events/s, {fresh_cpu:.1} µs CPU/event (fresh table, before and after)"),
             format!("{:.3}", soaked_rate / fresh_rate),
             ">= 0.9",
         );
@@ -1282,27 +1295,35 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
 
 /// Drains a backlog without emptying the table first: events per second, and the worker's CPU
 /// time per event.
-fn drain_with_cpu(pg: &Pg, redis: &Redis) -> (f64, f64) {
+fn drain_with_cpu(pg: &Pg, redis: &Redis) -> (f64, f64, i64) {
     let pid = worker_pid(pg);
+    let mut client = pg.connect();
+    let vacuums = autovacuums(&mut client);
     let before = cpu_ticks(pid);
     let secs = drain_seconds(pg, redis, "soak-drain", BACKLOG / 2, false);
     // /proc/<pid>/stat counts in clock ticks: USER_HZ, 100 on Linux.
     let cpu_us = (cpu_ticks(pid) - before) as f64 * 10_000.0;
-    (BACKLOG as f64 / 2.0 / secs, cpu_us / (BACKLOG as f64 / 2.0))
+    (
+        BACKLOG as f64 / 2.0 / secs,
+        cpu_us / (BACKLOG as f64 / 2.0),
+        autovacuums(&mut client) - vacuums,
+    )
 }
 
-/// Three drains one after the other, `prepare` run before each: the median rate, and the
-/// median CPU per event. One drain on this machine moves by a quarter from one run to the next.
-fn drains_with_cpu(pg: &Pg, redis: &Redis, mut prepare: impl FnMut()) -> (f64, f64) {
+/// Three drains one after the other, `prepare` run before each: their rates, and their CPU per
+/// event. One drain on this machine moves by a quarter from one run to the next.
+fn drains_with_cpu(pg: &Pg, redis: &Redis, mut prepare: impl FnMut()) -> (Vec<f64>, Vec<f64>) {
     let (mut rates, mut cpus) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         prepare();
-        let (rate, cpu) = drain_with_cpu(pg, redis);
-        println!("  drain: {rate:.0} events/s, {cpu:.1} µs CPU/event");
+        let (rate, cpu, vacuums) = drain_with_cpu(pg, redis);
+        println!(
+            "  drain: {rate:.0} events/s, {cpu:.1} µs CPU/event, {vacuums} autovacuum(s) ended meanwhile"
+        );
         rates.push(rate);
         cpus.push(cpu);
     }
-    (median(rates), median(cpus))
+    (rates, cpus)
 }
 
 fn main() {
