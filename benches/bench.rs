@@ -603,8 +603,9 @@ fn ceiling_seconds(client: &mut Client, n: i64, batch: i64) -> f64 {
         )
         .unwrap();
     // The relay's claim and mark, in the server: a procedure that claims a batch with the
-    // relay's query (every column it reads, the payload as text), marks it partition by
-    // partition through static statements, as the relay does, and commits, until nothing is
+    // relay's query (every column it reads, the payload and headers as text, in the order of
+    // the partial index, past the last batch as a quiet drain's claims are), marks it partition
+    // by partition through static statements, as the relay does, and commits, until nothing is
     // left. No client round trip and no Redis: the database's ceiling.
     let marks: Vec<String> = (0..16)
         .map(|leaf| {
@@ -623,16 +624,19 @@ fn ceiling_seconds(client: &mut Client, n: i64, batch: i64) -> f64 {
                  columns bigint;
                  leaf int;
                  leaf_ids bigint[];
+                 last_id bigint := -1;
              BEGIN
                  LOOP
-                     SELECT array_agg(c.id), count(c.topic) + count(c.payload)
-                                             + count(c.created_at) + count(c.attempts)
-                       INTO ids, columns
+                     SELECT array_agg(c.id), max(c.id),
+                            count(c.topic) + count(c.payload) + count(c.created_at)
+                            + count(c.attempts) + count(c.key) + count(c.headers)
+                       INTO ids, last_id, columns
                        FROM (SELECT o.id, o.topic, o.payload::text AS payload, o.created_at,
-                                    o.attempts
+                                    o.attempts, o.key, o.headers::text AS headers
                                FROM outbox o
                               WHERE o.published_at IS NULL AND o.next_attempt_at IS NULL
-                              ORDER BY o.id LIMIT batch FOR UPDATE SKIP LOCKED) c;
+                                AND o.lane >= 0 AND o.lane < 1024 AND o.id > last_id
+                              ORDER BY o.id, o.lane LIMIT batch FOR UPDATE SKIP LOCKED) c;
                      EXIT WHEN ids IS NULL;
                      FOR leaf, leaf_ids IN
                          SELECT (i / 65536) % 16, array_agg(i) FROM unnest(ids) i GROUP BY 1
@@ -645,10 +649,20 @@ fn ceiling_seconds(client: &mut Client, n: i64, batch: i64) -> f64 {
             marks.join(" ")
         ))
         .unwrap();
+    // The relay's own session settings (`src/relay/session.rs`) where they bear on the plan: a
+    // generic plan kept across passes, an index walk, no JIT.
+    client
+        .batch_execute(
+            "SET plan_cache_mode = force_generic_plan; SET jit = off; \
+             SET enable_seqscan = off; SET enable_sort = off; SET enable_incremental_sort = off; \
+             SET max_parallel_workers_per_gather = 0",
+        )
+        .unwrap();
     let started = Instant::now();
     client
         .batch_execute(&format!("CALL ceiling_drain({batch})"))
         .unwrap();
+    client.batch_execute("RESET ALL").unwrap();
     started.elapsed().as_secs_f64()
 }
 
