@@ -61,6 +61,22 @@ fn start_run(client: &mut Client, run: i64) {
         .unwrap();
 }
 
+/// Writes `old` events (topic `old`) in run 1 and `new` ones (topic `new`) in run 2, so that
+/// run 1's partition can come due once they are published, and waits until Redis holds them
+/// all.
+fn publish_old_then_new(client: &mut Client, redis: &Redis, old: i64, new: i64) {
+    start_run(client, 1);
+    enqueue_many(client, "old", old);
+    start_run(client, 2);
+    enqueue_many(client, "new", new);
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("old")
+            == old as usize
+            && redis.xlen("new") == new as usize),
+        "events not published"
+    );
+}
+
 /// Rows enqueued by `outbox_enqueue` and by a plain `INSERT` land where hash partitioning puts
 /// them: runs of 65,536 ids go round the 16 partitions, negative ids included.
 #[test]
@@ -132,15 +148,7 @@ fn an_expired_partition_is_emptied_without_deleting_rows() {
         ],
     );
     let mut client = pg.with_extension();
-    start_run(&mut client, 1);
-    enqueue_many(&mut client, "old", 500);
-    start_run(&mut client, 2);
-    enqueue_many(&mut client, "new", 5);
-    assert!(
-        wait_until(Duration::from_secs(15), || redis.xlen("old") == 500
-            && redis.xlen("new") == 5),
-        "events not published"
-    );
+    publish_old_then_new(&mut client, &redis, 500, 5);
     let before = partition(&mut client, "outbox_01");
     assert_eq!(before.rows, 500);
     assert!(
@@ -248,15 +256,7 @@ fn an_idle_relay_empties_a_partition_when_it_comes_due() {
         &[("outbox.retention", "2s"), ("outbox.poll_interval", "30s")],
     );
     let mut client = pg.with_extension();
-    start_run(&mut client, 1);
-    enqueue_many(&mut client, "old", 50);
-    start_run(&mut client, 2);
-    enqueue_many(&mut client, "new", 1);
-    assert!(
-        wait_until(Duration::from_secs(15), || redis.xlen("old") == 50
-            && redis.xlen("new") == 1),
-        "events not published"
-    );
+    publish_old_then_new(&mut client, &redis, 50, 1);
     let due_at: f64 = one(
         &mut client,
         "SELECT extract(epoch FROM max(published_at) + interval '2 s')::float8 FROM outbox_01",
@@ -308,20 +308,12 @@ fn an_autovacuum_does_not_keep_a_due_partition() {
              autovacuum_vacuum_cost_limit = 1)",
         )
         .unwrap();
-    start_run(&mut client, 1);
     // Keeps the relay from emptying it until autovacuum has started there.
     let mut reader = pg.connect();
     reader
         .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
         .unwrap();
-    enqueue_many(&mut client, "old", 20_000);
-    start_run(&mut client, 2);
-    enqueue_many(&mut client, "new", 1);
-    assert!(
-        wait_until(Duration::from_secs(30), || redis.xlen("old") == 20_000
-            && redis.xlen("new") == 1),
-        "events not published"
-    );
+    publish_old_then_new(&mut client, &redis, 20_000, 1);
     let vacuumed = wait_until(Duration::from_secs(30), || {
         pg.log().contains("canceling autovacuum task")
             || one::<i64>(
