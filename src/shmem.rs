@@ -256,6 +256,9 @@ pub struct DatabaseShare {
     truncate_looked_at: AtomicI64,
     /// When a partition that is due but was not emptied is to be tried again.
     truncate_again_at: AtomicI64,
+    /// When a look that found a due partition in use is to be repeated (0: the last look found
+    /// none in use): an idle worker wakes for it.
+    truncate_retry_at: AtomicI64,
     /// For each partition of the ring, when a batch with rows in it was last marked published
     /// (at the latest when the entry was taken): every row in it was published no later than
     /// that.
@@ -275,6 +278,7 @@ impl DatabaseShare {
             next_prune_at: AtomicI64::new(0),
             truncate_looked_at: AtomicI64::new(0),
             truncate_again_at: AtomicI64::new(0),
+            truncate_retry_at: AtomicI64::new(0),
             leaves_marked_at: std::array::from_fn(|_| AtomicI64::new(0)),
             paused_until: AtomicI64::new(0),
             absent_until: AtomicI64::new(0),
@@ -287,6 +291,7 @@ impl DatabaseShare {
         self.next_prune_at.store(0, Ordering::Relaxed);
         self.truncate_looked_at.store(0, Ordering::Relaxed);
         self.truncate_again_at.store(0, Ordering::Relaxed);
+        self.truncate_retry_at.store(0, Ordering::Relaxed);
         for marked_at in &self.leaves_marked_at {
             marked_at.store(now, Ordering::Relaxed);
         }
@@ -335,6 +340,16 @@ impl DatabaseShare {
     /// Sets when partitions due but not emptied are to be tried again.
     pub fn set_truncate_again_at(&self, at: i64) {
         self.truncate_again_at.store(at, Ordering::Release);
+    }
+
+    /// When a look that found a due partition in use is to be repeated; 0 when none was.
+    pub fn truncate_retry_at(&self) -> i64 {
+        self.truncate_retry_at.load(Ordering::Acquire)
+    }
+
+    /// Sets when a look that found a due partition in use is to be repeated (0: none was).
+    pub fn set_truncate_retry_at(&self, at: i64) {
+        self.truncate_retry_at.store(at, Ordering::Release);
     }
 
     /// Records that a batch with rows in the partitions of bitmask `leaves` was marked

@@ -283,6 +283,50 @@ fn an_idle_relay_empties_a_partition_when_it_comes_due() {
     assert_eq!(partition(&mut client, "outbox_02").rows, 1);
 }
 
+/// A partition in use when it comes due is tried again within moments, though the relay has
+/// nothing else to do: once the reader lets it go, it is emptied then, not at the next poll.
+#[test]
+fn an_idle_relay_empties_a_partition_once_a_reader_lets_it_go() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.retention", "2s"), ("outbox.poll_interval", "30s")],
+    );
+    let mut client = pg.with_extension();
+    let mut reader = pg.connect();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
+        .unwrap();
+    publish_old_then_new(&mut client, &redis, 50, 1);
+    // Held past the time it comes due, so that the relay finds it in use.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(partition(&mut client, "outbox_01").rows, 50);
+    reader.batch_execute("COMMIT").unwrap();
+    let released_at: f64 = one(
+        &mut client,
+        "SELECT extract(epoch FROM clock_timestamp())::float8",
+    );
+    assert!(
+        wait_until(Duration::from_secs(40), || partition(
+            &mut client,
+            "outbox_01"
+        )
+        .rows
+            == 0),
+        "the expired partition kept its rows"
+    );
+    let emptied_at: f64 = one(
+        &mut client,
+        "SELECT extract(epoch FROM clock_timestamp())::float8",
+    );
+    let late = emptied_at - released_at;
+    eprintln!("outbox_01 emptied {late:.2} s after the reader let it go");
+    assert!(
+        late < 10.0,
+        "emptied {late:.1} s after the reader let it go, at the relay's next poll"
+    );
+}
+
 /// An autovacuum of a partition that is due does not keep it: the relay cancels that vacuum,
 /// as PostgreSQL cancels one that blocks a lock request, and empties the partition, where
 /// waiting for the vacuum to end would hold the partition's rows for as long as it runs.

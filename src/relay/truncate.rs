@@ -78,17 +78,30 @@ pub fn look_now(due: &[i64; LEAVES], looked_at: i64, again_at: i64, now: i64) ->
     came_due || again
 }
 
-/// How long from `now` until the next partition comes due, rounded up to a millisecond, if
-/// one will without another mark.
-pub fn next_due_in(due: &[i64; LEAVES], now: i64) -> Option<Duration> {
-    let at = due.iter().copied().filter(|&at| at > now).min()?;
+/// How long from `now` until the next look an idle worker must wake for, rounded up to a
+/// millisecond: when the next partition comes due (if one will without another mark), or when
+/// a look that found a due partition in use is to be repeated (`retry_at`, 0 for none; one
+/// already past is another worker's, which that worker repeats).
+pub fn next_look_in(due: &[i64; LEAVES], retry_at: i64, now: i64) -> Option<Duration> {
+    let retry = (retry_at > 0).then_some(retry_at);
+    let at = due
+        .iter()
+        .copied()
+        .chain(retry)
+        .filter(|&at| at > now)
+        .min()?;
     let micros = at.saturating_sub(now) as u64;
     Some(Duration::from_millis(micros.div_ceil(1000)))
 }
 
-/// How long an idle worker may wait before a partition of its database comes due.
+/// How long an idle worker may wait before a partition of its database comes due, or a
+/// partition found in use is to be tried again.
 pub fn wait_for_due(shared: &DatabaseShare, retention: Duration) -> Option<Duration> {
-    next_due_in(&due_times(shared, micros(retention)), worker::now())
+    next_look_in(
+        &due_times(shared, micros(retention)),
+        shared.truncate_retry_at(),
+        worker::now(),
+    )
 }
 
 fn micros(duration: Duration) -> i64 {
@@ -124,6 +137,11 @@ pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str
     let busy = look(shared, retention, now, schema, index);
     let wait = if busy { SOON } else { EVERY };
     shared.set_truncate_again_at(now.saturating_add(micros(wait)));
+    shared.set_truncate_retry_at(if busy {
+        now.saturating_add(micros(SOON))
+    } else {
+        0
+    });
 }
 
 /// Surveys the partitions and tries to empty those that are due; whether one was in use.
@@ -311,13 +329,35 @@ mod tests {
     #[test]
     fn an_idle_worker_wakes_when_the_next_partition_comes_due() {
         let mut due = [100; LEAVES];
-        assert_eq!(next_due_in(&due, 1_000), None, "all due already");
+        assert_eq!(next_look_in(&due, 0, 1_000), None, "all due already");
         due[2] = 5_000;
         due[9] = 3_000_001;
-        assert_eq!(next_due_in(&due, 1_000), Some(Duration::from_millis(4)));
-        assert_eq!(next_due_in(&due, 4_999), Some(Duration::from_millis(1)));
-        assert_eq!(next_due_in(&due, 5_000), Some(Duration::from_millis(2_996)));
-        assert!(next_due_in(&[i64::MAX; LEAVES], 0) > Some(Duration::from_secs(1 << 40)));
+        assert_eq!(next_look_in(&due, 0, 1_000), Some(Duration::from_millis(4)));
+        assert_eq!(next_look_in(&due, 0, 4_999), Some(Duration::from_millis(1)));
+        assert_eq!(
+            next_look_in(&due, 0, 5_000),
+            Some(Duration::from_millis(2_996))
+        );
+        assert!(next_look_in(&[i64::MAX; LEAVES], 0, 0) > Some(Duration::from_secs(1 << 40)));
+    }
+
+    #[test]
+    fn an_idle_worker_wakes_to_try_a_partition_in_use_again() {
+        let due = [100; LEAVES];
+        // The last look found one in use: again 20 ms later, though nothing else comes due.
+        assert_eq!(
+            next_look_in(&due, 21_000, 1_000),
+            Some(Duration::from_millis(20))
+        );
+        // Whichever comes first.
+        let mut soon = due;
+        soon[3] = 6_000;
+        assert_eq!(
+            next_look_in(&soon, 21_000, 1_000),
+            Some(Duration::from_millis(5))
+        );
+        // A retry already past is the other worker's, which looked and repeats it.
+        assert_eq!(next_look_in(&due, 900, 1_000), None);
     }
 
     #[test]
