@@ -51,6 +51,25 @@ fn emptied(client: &mut Client, name: &str) -> bool {
     })
 }
 
+/// The server's clock, in seconds since the epoch.
+fn clock(client: &mut Client) -> f64 {
+    one(
+        client,
+        "SELECT extract(epoch FROM clock_timestamp())::float8",
+    )
+}
+
+/// Waits up to 40 s for partition `name` to hold no row; how many seconds after `since` (a
+/// time of the server's clock) that was.
+fn seconds_until_emptied(client: &mut Client, name: &str, since: f64) -> f64 {
+    assert!(
+        wait_until(Duration::from_secs(40), || partition(client, name).rows
+            == 0),
+        "the expired partition kept its rows"
+    );
+    clock(client) - since
+}
+
 /// Moves the id sequence to the start of run `run`, so that writers fill another partition.
 fn start_run(client: &mut Client, run: i64) {
     client
@@ -261,20 +280,7 @@ fn an_idle_relay_empties_a_partition_when_it_comes_due() {
         &mut client,
         "SELECT extract(epoch FROM max(published_at) + interval '2 s')::float8 FROM outbox_01",
     );
-    assert!(
-        wait_until(Duration::from_secs(40), || partition(
-            &mut client,
-            "outbox_01"
-        )
-        .rows
-            == 0),
-        "the expired partition kept its rows"
-    );
-    let emptied_at: f64 = one(
-        &mut client,
-        "SELECT extract(epoch FROM clock_timestamp())::float8",
-    );
-    let late = emptied_at - due_at;
+    let late = seconds_until_emptied(&mut client, "outbox_01", due_at);
     eprintln!("outbox_01 emptied {late:.2} s after its retention ran out");
     assert!(
         late < 10.0,
@@ -302,24 +308,8 @@ fn an_idle_relay_empties_a_partition_once_a_reader_lets_it_go() {
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(partition(&mut client, "outbox_01").rows, 50);
     reader.batch_execute("COMMIT").unwrap();
-    let released_at: f64 = one(
-        &mut client,
-        "SELECT extract(epoch FROM clock_timestamp())::float8",
-    );
-    assert!(
-        wait_until(Duration::from_secs(40), || partition(
-            &mut client,
-            "outbox_01"
-        )
-        .rows
-            == 0),
-        "the expired partition kept its rows"
-    );
-    let emptied_at: f64 = one(
-        &mut client,
-        "SELECT extract(epoch FROM clock_timestamp())::float8",
-    );
-    let late = emptied_at - released_at;
+    let released_at = clock(&mut client);
+    let late = seconds_until_emptied(&mut client, "outbox_01", released_at);
     eprintln!("outbox_01 emptied {late:.2} s after the reader let it go");
     assert!(
         late < 10.0,
