@@ -135,13 +135,9 @@ pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str
         return;
     }
     let busy = look(shared, retention, now, schema, index);
-    let wait = if busy { SOON } else { EVERY };
-    shared.set_truncate_again_at(now.saturating_add(micros(wait)));
-    shared.set_truncate_retry_at(if busy {
-        now.saturating_add(micros(SOON))
-    } else {
-        0
-    });
+    let again_at = now.saturating_add(micros(if busy { SOON } else { EVERY }));
+    shared.set_truncate_again_at(again_at);
+    shared.set_truncate_retry_at(if busy { again_at } else { 0 });
 }
 
 /// Surveys the partitions and tries to empty those that are due; whether one was in use.
