@@ -1247,16 +1247,16 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         // The three drains right after the soak, on the table it left; then three on a fresh
         // table again. The fresh figures are the median of the drains before and after, so
         // that the machine's drift over the soak's minutes does not land on one side.
-        let soaked = drains_with_cpu(pg, redis, || {});
+        let (soaked_rates, soaked_cpus) = drains_with_cpu(pg, redis, || {});
         let fresh_after = fresh_drains(pg);
-        let (soaked_rate, soaked_cpu) = (median(soaked.0.clone()), median(soaked.1.clone()));
-        let fresh_rate = median([fresh_before.0.clone(), fresh_after.0.clone()].concat());
-        let fresh_cpu = median([fresh_before.1, fresh_after.1].concat());
+        let (soaked_rate, soaked_cpu) = (median(soaked_rates), median(soaked_cpus));
         println!(
             "  fresh table before the soak {:.0} events/s, after {:.0}; the soaked table {soaked_rate:.0}",
-            median(fresh_before.0),
-            median(fresh_after.0)
+            median(fresh_before.0.clone()),
+            median(fresh_after.0.clone())
         );
+        let fresh_rate = median([fresh_before.0, fresh_after.0].concat());
+        let fresh_cpu = median([fresh_before.1, fresh_after.1].concat());
 
         let after_first_minute: Vec<&Sample> = samples.iter().filter(|s| s.at >= 60.0).collect();
         let worst = after_first_minute
