@@ -79,17 +79,14 @@ pub fn look_now(due: &[i64; LEAVES], looked_at: i64, again_at: i64, now: i64) ->
 }
 
 /// How long from `now` until the next look an idle worker must wake for, rounded up to a
-/// millisecond: when the next partition comes due (if one will without another mark), or when
-/// a look that found a due partition in use is to be repeated (`retry_at`, 0 for none; one
-/// already past is another worker's, which that worker repeats).
+/// millisecond: when the next partition comes due (if one will without another mark), or,
+/// while a partition is due, when a look that found one in use is to be repeated (`retry_at`,
+/// 0 for none). A retry already past is due at once: the worker that looked may have spent
+/// longer than the retry's delay on other work (a pruning round) before it came to wait.
 pub fn next_look_in(due: &[i64; LEAVES], retry_at: i64, now: i64) -> Option<Duration> {
-    let retry = (retry_at > 0).then_some(retry_at);
-    let at = due
-        .iter()
-        .copied()
-        .chain(retry)
-        .filter(|&at| at > now)
-        .min()?;
+    let coming = due.iter().copied().filter(|&at| at > now).min();
+    let retry = (retry_at > 0 && due.iter().any(|&at| at <= now)).then_some(retry_at.max(now));
+    let at = coming.into_iter().chain(retry).min()?;
     let micros = at.saturating_sub(now) as u64;
     Some(Duration::from_millis(micros.div_ceil(1000)))
 }
@@ -134,8 +131,12 @@ pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str
     {
         return;
     }
+    // While this look runs, no other worker starts one, nor waits for the last one's retry.
+    shared.set_truncate_again_at(now.saturating_add(micros(EVERY)));
+    shared.set_truncate_retry_at(0);
     let busy = look(shared, retention, now, schema, index);
-    let again_at = now.saturating_add(micros(if busy { SOON } else { EVERY }));
+    // Counted from the look's end: a look can take longer than SOON.
+    let again_at = worker::now().saturating_add(micros(if busy { SOON } else { EVERY }));
     shared.set_truncate_again_at(again_at);
     shared.set_truncate_retry_at(if busy { again_at } else { 0 });
 }
@@ -352,8 +353,15 @@ mod tests {
             next_look_in(&soon, 21_000, 1_000),
             Some(Duration::from_millis(5))
         );
-        // A retry already past is the other worker's, which looked and repeats it.
-        assert_eq!(next_look_in(&due, 900, 1_000), None);
+        // A retry that fell due while the worker did something else after its look (pruning,
+        // say): at once, not at the next poll.
+        assert_eq!(next_look_in(&due, 900, 1_000), Some(Duration::ZERO));
+        // A retry for partitions no longer due (marked again since) wakes no one.
+        assert!(next_look_in(&[i64::MAX; LEAVES], 900, 1_000) > Some(Duration::from_secs(1 << 40)));
+        assert_eq!(
+            next_look_in(&[5_000; LEAVES], 900, 1_000),
+            Some(Duration::from_millis(4))
+        );
     }
 
     #[test]
