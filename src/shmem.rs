@@ -259,6 +259,9 @@ pub struct DatabaseShare {
     /// When a look that found a due partition in use is to be repeated (0: the last look found
     /// none in use): an idle worker wakes for it.
     truncate_retry_at: AtomicI64,
+    /// Looks in a row that found a due partition in use: the retries an idle worker wakes for
+    /// back off with it.
+    truncate_busy_looks: AtomicU32,
     /// For each partition of the ring, when a batch with rows in it was last marked published
     /// (at the latest when the entry was taken): every row in it was published no later than
     /// that.
@@ -279,6 +282,7 @@ impl DatabaseShare {
             truncate_looked_at: AtomicI64::new(0),
             truncate_again_at: AtomicI64::new(0),
             truncate_retry_at: AtomicI64::new(0),
+            truncate_busy_looks: AtomicU32::new(0),
             leaves_marked_at: std::array::from_fn(|_| AtomicI64::new(0)),
             paused_until: AtomicI64::new(0),
             absent_until: AtomicI64::new(0),
@@ -292,6 +296,7 @@ impl DatabaseShare {
         self.truncate_looked_at.store(0, Ordering::Relaxed);
         self.truncate_again_at.store(0, Ordering::Relaxed);
         self.truncate_retry_at.store(0, Ordering::Relaxed);
+        self.truncate_busy_looks.store(0, Ordering::Relaxed);
         for marked_at in &self.leaves_marked_at {
             marked_at.store(now, Ordering::Relaxed);
         }
@@ -350,6 +355,19 @@ impl DatabaseShare {
     /// Sets when a look that found a due partition in use is to be repeated (0: none was).
     pub fn set_truncate_retry_at(&self, at: i64) {
         self.truncate_retry_at.store(at, Ordering::Release);
+    }
+
+    /// Counts a look that found a due partition in use (`busy`), or ends a run of them; returns
+    /// how many looks in a row have.
+    pub fn count_truncate_look(&self, busy: bool) -> u32 {
+        if busy {
+            self.truncate_busy_looks
+                .fetch_add(1, Ordering::AcqRel)
+                .saturating_add(1)
+        } else {
+            self.truncate_busy_looks.store(0, Ordering::Release);
+            0
+        }
     }
 
     /// Records that a batch with rows in the partitions of bitmask `leaves` was marked

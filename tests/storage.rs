@@ -317,6 +317,46 @@ fn an_idle_relay_empties_a_partition_once_a_reader_lets_it_go() {
     );
 }
 
+/// Transactions the database has counted so far, committed or rolled back.
+fn transactions(client: &mut Client) -> i64 {
+    one(
+        client,
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database \
+         WHERE datname = current_database()",
+    )
+}
+
+/// While a due partition stays in use for long (a `pg_dump` reading it, say), an idle relay
+/// looks at it again less and less often, up to once a second, rather than every 20 ms.
+#[test]
+fn an_idle_relay_looks_seldom_at_a_partition_held_for_long() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.retention", "1s"), ("outbox.poll_interval", "30s")],
+    );
+    let mut client = pg.with_extension();
+    let mut reader = pg.connect();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
+        .unwrap();
+    publish_old_then_new(&mut client, &redis, 50, 1);
+    // Due after a second; the worker's statistics reach the view within a second or two.
+    std::thread::sleep(Duration::from_secs(3));
+    let before = transactions(&mut client);
+    std::thread::sleep(Duration::from_secs(6));
+    let during = transactions(&mut client) - before;
+    eprintln!("{during} transactions in 6 s while the due partition was held");
+    assert_eq!(partition(&mut client, "outbox_01").rows, 50);
+    // A look every 20 ms, each a survey and a try besides the pass it wakes for, is over 600.
+    assert!(
+        during < 150,
+        "{during} transactions in 6 s: the idle relay keeps looking at the held partition"
+    );
+    reader.batch_execute("COMMIT").unwrap();
+    assert!(emptied(&mut client, "outbox_01"));
+}
+
 /// An autovacuum of a partition that is due does not keep it: the relay cancels that vacuum,
 /// as PostgreSQL cancels one that blocks a lock request, and empties the partition, where
 /// waiting for the vacuum to end would hold the partition's rows for as long as it runs.

@@ -16,7 +16,8 @@
 //!
 //! A partition is looked at as soon as its retention runs out (an idle worker wakes for it),
 //! so that the table holds a partition's rows no longer than that. A partition found in use is
-//! tried again within [`SOON`]; if what holds it is an autovacuum (of a partition with nothing
+//! tried again within [`SOON`] (by an idle worker, less often the longer it stays in use, up to
+//! once per [`EVERY`]); if what holds it is an autovacuum (of a partition with nothing
 //! left to publish, and not one that prevents wraparound), the relay cancels it, as PostgreSQL
 //! cancels an autovacuum that blocks a lock request: vacuuming rows about to be emptied is
 //! wasted work, and the partition's rows would stay for as long as it runs.
@@ -36,6 +37,15 @@ use crate::shmem::DatabaseShare;
 const EVERY: Duration = Duration::from_secs(1);
 /// Time before another look when a partition was in use at the last one.
 const SOON: Duration = Duration::from_millis(20);
+
+/// How long after a look that found a due partition in use, the `looks`-th such look in a row,
+/// an idle worker wakes to look again: [`SOON`] at first, doubling up to [`EVERY`], so that a
+/// partition held for long (a `pg_dump` reading it, say) costs an idle relay a look a second,
+/// not fifty. A busy worker passes by the check anyway, and looks again after `SOON`.
+fn retry_in(looks: u32) -> Duration {
+    SOON.checked_mul(1 << looks.saturating_sub(1).min(16))
+        .map_or(EVERY, |wait| wait.min(EVERY))
+}
 
 /// What the relay knows about one partition before it tries to empty it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,10 +145,15 @@ pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str
     shared.set_truncate_again_at(now.saturating_add(micros(EVERY)));
     shared.set_truncate_retry_at(0);
     let busy = look(shared, retention, now, schema, index);
+    let busy_looks = shared.count_truncate_look(busy);
     // Counted from the look's end: a look can take longer than SOON.
-    let again_at = worker::now().saturating_add(micros(if busy { SOON } else { EVERY }));
-    shared.set_truncate_again_at(again_at);
-    shared.set_truncate_retry_at(if busy { again_at } else { 0 });
+    let end = worker::now();
+    shared.set_truncate_again_at(end.saturating_add(micros(if busy { SOON } else { EVERY })));
+    shared.set_truncate_retry_at(if busy {
+        end.saturating_add(micros(retry_in(busy_looks)))
+    } else {
+        0
+    });
 }
 
 /// Surveys the partitions and tries to empty those that are due; whether one was in use.
@@ -362,6 +377,14 @@ mod tests {
             next_look_in(&[5_000; LEAVES], 900, 1_000),
             Some(Duration::from_millis(4))
         );
+    }
+
+    #[test]
+    fn an_idle_worker_backs_off_while_a_partition_stays_in_use() {
+        let waits: Vec<u128> = (1..=9).map(|n| retry_in(n).as_millis()).collect();
+        assert_eq!(waits, [20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        assert_eq!(retry_in(0), SOON);
+        assert_eq!(retry_in(u32::MAX), EVERY);
     }
 
     #[test]
