@@ -289,14 +289,23 @@ fn an_idle_relay_empties_a_partition_when_it_comes_due() {
     assert_eq!(partition(&mut client, "outbox_02").rows, 1);
 }
 
-/// A partition in use when it comes due is tried again within moments, though the relay has
-/// nothing else to do: once the reader lets it go, it is emptied then, not at the next poll.
-#[test]
-fn an_idle_relay_empties_a_partition_once_a_reader_lets_it_go() {
+/// An idle relay (poll 30 s) with a retention of `retention`, and a reader holding `outbox_01`
+/// in an open transaction since before its 50 events were published.
+struct Held {
+    _redis: Redis,
+    _pg: Pg,
+    client: Client,
+    reader: Client,
+}
+
+fn held_by_a_reader(retention: &str) -> Held {
     let redis = Redis::start();
     let pg = Pg::relaying_to(
         &redis,
-        &[("outbox.retention", "2s"), ("outbox.poll_interval", "30s")],
+        &[
+            ("outbox.retention", retention),
+            ("outbox.poll_interval", "30s"),
+        ],
     );
     let mut client = pg.with_extension();
     let mut reader = pg.connect();
@@ -304,6 +313,24 @@ fn an_idle_relay_empties_a_partition_once_a_reader_lets_it_go() {
         .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
         .unwrap();
     publish_old_then_new(&mut client, &redis, 50, 1);
+    Held {
+        _redis: redis,
+        _pg: pg,
+        client,
+        reader,
+    }
+}
+
+/// A partition in use when it comes due is tried again within moments, though the relay has
+/// nothing else to do: once the reader lets it go, it is emptied then, not at the next poll.
+#[test]
+fn an_idle_relay_empties_a_partition_once_a_reader_lets_it_go() {
+    let Held {
+        _redis,
+        _pg,
+        mut client,
+        mut reader,
+    } = held_by_a_reader("2s");
     // Held past the time it comes due, so that the relay finds it in use.
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(partition(&mut client, "outbox_01").rows, 50);
@@ -330,17 +357,12 @@ fn transactions(client: &mut Client) -> i64 {
 /// looks at it again less and less often, up to once a second, rather than every 20 ms.
 #[test]
 fn an_idle_relay_looks_seldom_at_a_partition_held_for_long() {
-    let redis = Redis::start();
-    let pg = Pg::relaying_to(
-        &redis,
-        &[("outbox.retention", "1s"), ("outbox.poll_interval", "30s")],
-    );
-    let mut client = pg.with_extension();
-    let mut reader = pg.connect();
-    reader
-        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
-        .unwrap();
-    publish_old_then_new(&mut client, &redis, 50, 1);
+    let Held {
+        _redis,
+        _pg,
+        mut client,
+        mut reader,
+    } = held_by_a_reader("1s");
     // Due after a second; the worker's statistics reach the view within a second or two.
     std::thread::sleep(Duration::from_secs(3));
     let before = transactions(&mut client);
