@@ -33,11 +33,11 @@ const MOVE_DUE_EVERY: Duration = Duration::from_millis(100);
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
 
-/// Events per chunk of a batch: a batch goes out in up to four chunks of at least 50 events, so
+/// Events per chunk of a batch: a batch goes out in up to two chunks of at least 50 events, so
 /// that the database's work on one chunk overlaps Redis's work on another; a small batch goes
 /// out whole.
 fn chunk_size(batch_size: usize) -> usize {
-    batch_size.div_ceil(4).max(50).min(batch_size.max(1))
+    batch_size.div_ceil(2).max(50).min(batch_size.max(1))
 }
 
 /// What one transaction did.
@@ -328,14 +328,14 @@ mod tests {
     use super::chunk_size;
 
     #[test]
-    fn a_batch_goes_out_in_at_most_four_chunks_of_fifty_or_more() {
+    fn a_batch_goes_out_in_at_most_two_chunks_of_fifty_or_more() {
         for batch in (1..=10_000)
             .step_by(7)
             .chain([50, 99, 100, 200, 1000, 10_000])
         {
             let chunk = chunk_size(batch);
             let chunks = batch.div_ceil(chunk);
-            assert!(chunks <= 4, "batch {batch}: {chunks} chunks of {chunk}");
+            assert!(chunks <= 2, "batch {batch}: {chunks} chunks of {chunk}");
             assert!(
                 chunk >= 50.min(batch),
                 "batch {batch}: chunks of {chunk} events"
