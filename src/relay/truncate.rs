@@ -43,8 +43,8 @@ const SOON: Duration = Duration::from_millis(20);
 /// partition held for long (a `pg_dump` reading it, say) costs an idle relay a look a second,
 /// not fifty. A busy worker passes by the check anyway, and looks again after `SOON`.
 fn retry_in(looks: u32) -> Duration {
-    SOON.checked_mul(1 << looks.saturating_sub(1).min(16))
-        .map_or(EVERY, |wait| wait.min(EVERY))
+    SOON.saturating_mul(1 << looks.saturating_sub(1).min(16))
+        .min(EVERY)
 }
 
 /// What the relay knows about one partition before it tries to empty it.
