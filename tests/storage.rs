@@ -46,9 +46,11 @@ fn partition(client: &mut Client, name: &str) -> Partition {
 
 /// Whether partition `name` holds no row within 15 s.
 fn emptied(client: &mut Client, name: &str) -> bool {
-    wait_until(Duration::from_secs(15), || {
-        partition(client, name).rows == 0
-    })
+    emptied_within(client, name, Duration::from_secs(15))
+}
+
+fn emptied_within(client: &mut Client, name: &str, limit: Duration) -> bool {
+    wait_until(limit, || partition(client, name).rows == 0)
 }
 
 /// The server's clock, in seconds since the epoch.
@@ -63,8 +65,7 @@ fn clock(client: &mut Client) -> f64 {
 /// time of the server's clock) that was.
 fn seconds_until_emptied(client: &mut Client, name: &str, since: f64) -> f64 {
     assert!(
-        wait_until(Duration::from_secs(40), || partition(client, name).rows
-            == 0),
+        emptied_within(client, name, Duration::from_secs(40)),
         "the expired partition kept its rows"
     );
     clock(client) - since
@@ -78,6 +79,16 @@ fn start_run(client: &mut Client, run: i64) {
             &[&(run * CHUNK)],
         )
         .unwrap();
+}
+
+/// A session in a transaction that has read `outbox_01`, and so holds a lock on it until it
+/// ends.
+fn reading_outbox_01(pg: &Pg) -> Client {
+    let mut reader = pg.connect();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
+        .unwrap();
+    reader
 }
 
 /// Writes `old` events (topic `old`) in run 1 and `new` ones (topic `new`) in run 2, so that
@@ -237,10 +248,7 @@ fn a_partition_in_use_is_left_until_it_is_free() {
     start_run(&mut client, 2);
     assert!(wait_until(Duration::from_secs(15), || redis.xlen("held") == 10));
 
-    let mut reader = pg.connect();
-    reader
-        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
-        .unwrap();
+    let mut reader = reading_outbox_01(&pg);
     std::thread::sleep(Duration::from_secs(3));
     let mut writer = pg.connect();
     for round in 1..=5_i64 {
@@ -292,10 +300,10 @@ fn an_idle_relay_empties_a_partition_when_it_comes_due() {
 /// An idle relay (poll 30 s) with a retention of `retention`, and a reader holding `outbox_01`
 /// in an open transaction since before its 50 events were published.
 struct Held {
-    _redis: Redis,
-    _pg: Pg,
     client: Client,
     reader: Client,
+    _pg: Pg,
+    _redis: Redis,
 }
 
 fn held_by_a_reader(retention: &str) -> Held {
@@ -308,16 +316,13 @@ fn held_by_a_reader(retention: &str) -> Held {
         ],
     );
     let mut client = pg.with_extension();
-    let mut reader = pg.connect();
-    reader
-        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
-        .unwrap();
+    let reader = reading_outbox_01(&pg);
     publish_old_then_new(&mut client, &redis, 50, 1);
     Held {
-        _redis: redis,
-        _pg: pg,
         client,
         reader,
+        _pg: pg,
+        _redis: redis,
     }
 }
 
@@ -325,18 +330,13 @@ fn held_by_a_reader(retention: &str) -> Held {
 /// nothing else to do: once the reader lets it go, it is emptied then, not at the next poll.
 #[test]
 fn an_idle_relay_empties_a_partition_once_a_reader_lets_it_go() {
-    let Held {
-        _redis,
-        _pg,
-        mut client,
-        mut reader,
-    } = held_by_a_reader("2s");
+    let mut held = held_by_a_reader("2s");
     // Held past the time it comes due, so that the relay finds it in use.
     std::thread::sleep(Duration::from_secs(4));
-    assert_eq!(partition(&mut client, "outbox_01").rows, 50);
-    reader.batch_execute("COMMIT").unwrap();
-    let released_at = clock(&mut client);
-    let late = seconds_until_emptied(&mut client, "outbox_01", released_at);
+    assert_eq!(partition(&mut held.client, "outbox_01").rows, 50);
+    held.reader.batch_execute("COMMIT").unwrap();
+    let released_at = clock(&mut held.client);
+    let late = seconds_until_emptied(&mut held.client, "outbox_01", released_at);
     eprintln!("outbox_01 emptied {late:.2} s after the reader let it go");
     assert!(
         late < 10.0,
@@ -357,26 +357,21 @@ fn transactions(client: &mut Client) -> i64 {
 /// looks at it again less and less often, up to once a second, rather than every 20 ms.
 #[test]
 fn an_idle_relay_looks_seldom_at_a_partition_held_for_long() {
-    let Held {
-        _redis,
-        _pg,
-        mut client,
-        mut reader,
-    } = held_by_a_reader("1s");
+    let mut held = held_by_a_reader("1s");
     // Due after a second; the worker's statistics reach the view within a second or two.
     std::thread::sleep(Duration::from_secs(3));
-    let before = transactions(&mut client);
+    let before = transactions(&mut held.client);
     std::thread::sleep(Duration::from_secs(6));
-    let during = transactions(&mut client) - before;
+    let during = transactions(&mut held.client) - before;
     eprintln!("{during} transactions in 6 s while the due partition was held");
-    assert_eq!(partition(&mut client, "outbox_01").rows, 50);
+    assert_eq!(partition(&mut held.client, "outbox_01").rows, 50);
     // A look every 20 ms, each a survey and a try besides the pass it wakes for, is over 600.
     assert!(
         during < 150,
         "{during} transactions in 6 s: the idle relay keeps looking at the held partition"
     );
-    reader.batch_execute("COMMIT").unwrap();
-    assert!(emptied(&mut client, "outbox_01"));
+    held.reader.batch_execute("COMMIT").unwrap();
+    assert!(emptied(&mut held.client, "outbox_01"));
 }
 
 /// An autovacuum of a partition that is due does not keep it: the relay cancels that vacuum,
@@ -405,10 +400,7 @@ fn an_autovacuum_does_not_keep_a_due_partition() {
         )
         .unwrap();
     // Keeps the relay from emptying it until autovacuum has started there.
-    let mut reader = pg.connect();
-    reader
-        .batch_execute("BEGIN; SELECT count(*) FROM outbox_01")
-        .unwrap();
+    let mut reader = reading_outbox_01(&pg);
     publish_old_then_new(&mut client, &redis, 20_000, 1);
     let vacuumed = wait_until(Duration::from_secs(30), || {
         pg.log().contains("canceling autovacuum task")
