@@ -91,21 +91,24 @@ impl Node {
 
     /// The `id` field of every entry of a stream on this node, in stream order.
     pub fn ids(&self, stream: &str) -> Vec<i64> {
-        stream_ids(
-            stream,
-            &mut self.conn().expect("cannot connect to the node"),
-        )
+        stream_ids(stream, || self.conn().expect("cannot connect to the node"))
     }
 }
 
-/// The `id` field of every entry of `stream`, in stream order, read over `connection`.
-fn stream_ids(stream: &str, connection: &mut impl redis::ConnectionLike) -> Vec<i64> {
-    let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .query(connection)
-        .expect("XRANGE failed");
+/// The `id` field of every entry of `stream`, in stream order, read over a connection from
+/// `connect`: a new one, up to five times, if a signal to the test process interrupted the
+/// socket read (EINTR), which says nothing about Redis (as `Redis::query` does).
+fn stream_ids<C: redis::ConnectionLike>(stream: &str, connect: impl Fn() -> C) -> Vec<i64> {
+    let xrange = redis::cmd("XRANGE").arg(stream).arg("-").arg("+").clone();
+    let mut tries = 0;
+    let reply: Vec<(String, Vec<String>)> = loop {
+        tries += 1;
+        match xrange.query(&mut connect()) {
+            Ok(reply) => break reply,
+            Err(e) if tries < 5 && e.to_string().contains("Interrupted") => continue,
+            Err(e) => panic!("XRANGE failed: {e}"),
+        }
+    };
     reply
         .into_iter()
         .map(|(_, flat)| {
@@ -299,7 +302,7 @@ impl Cluster {
 
     /// The `id` field of every entry of a stream, in stream order.
     pub fn ids(&self, stream: &str) -> Vec<i64> {
-        stream_ids(stream, &mut self.client())
+        stream_ids(stream, || self.client())
     }
 
     pub fn xlen(&self, stream: &str) -> usize {
