@@ -200,7 +200,12 @@ fn fresh_table(client: &mut Client) {
 /// Commits `n` events in one transaction, then times until the stream holds them all. With
 /// `fresh`, the table is emptied first; without, whatever history it holds stays.
 fn drain_seconds(pg: &Pg, redis: &Redis, stream: &str, n: i64, fresh: bool) -> f64 {
-    let mut client = pg.connect();
+    drain_seconds_in(pg, redis, "postgres", stream, n, fresh)
+}
+
+/// [`drain_seconds`] in the database `db`.
+fn drain_seconds_in(pg: &Pg, redis: &Redis, db: &str, stream: &str, n: i64, fresh: bool) -> f64 {
+    let mut client = pg.connect_to(db);
     if fresh {
         fresh_table(&mut client);
     }
@@ -223,7 +228,16 @@ fn drain_seconds(pg: &Pg, redis: &Redis, stream: &str, n: i64, fresh: bool) -> f
     let _ = redis::cmd("DEL")
         .arg(stream)
         .query::<i64>(&mut redis.conn());
-    assert!(wait_until(Duration::from_secs(60), || pg.pending() == 0));
+    let pending = |client: &mut Client| -> i64 {
+        client
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert!(wait_until(Duration::from_secs(60), || pending(&mut client) == 0));
     took
 }
 
@@ -1154,7 +1168,8 @@ const SOAK_SECONDS: u32 = 300;
 /// A steady stream of 200-byte events for five minutes at each rate, retention 5 s, autovacuum
 /// as configured by default: the table's size (read every 100 ms) beside its live rows' (every
 /// second), and the relay's drain rate and CPU per event after the soak (the median of three
-/// drains) beside a fresh table's (the median of three drains before the soak and three after).
+/// drains) beside a fresh table's in a second database, drained in turn with it. The drains
+/// before the soak are printed, to show how far the machine drifted over it.
 fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     println!("6. soak ({SOAK_SECONDS} s per rate, retention 5 s)");
     set_and_wait(
@@ -1177,15 +1192,19 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     );
     assert_eq!(payload.len(), 200);
     let script = format!("SELECT outbox_enqueue('soak', '{payload}');\n");
-    let fresh_drains = |pg: &Pg| {
-        drains_with_cpu(pg, redis, || {
+    client
+        .batch_execute("DROP DATABASE IF EXISTS soak_fresh")
+        .unwrap();
+    client.batch_execute("CREATE DATABASE soak_fresh").unwrap();
+    pg.connect_to("soak_fresh")
+        .batch_execute("CREATE EXTENSION outbox")
+        .unwrap();
+    for rate in [2_000_u32, 10_000] {
+        let fresh_before = drains_with_cpu(pg, redis, || {
             let mut client = pg.connect();
             fresh_table(&mut client);
             client.batch_execute("CHECKPOINT").unwrap();
-        })
-    };
-    for rate in [2_000_u32, 10_000] {
-        let fresh_before = fresh_drains(pg);
+        });
         fresh_table(&mut client);
         let vacuums_before = autovacuums(&mut client);
         let started = Instant::now();
@@ -1244,19 +1263,13 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         let _ = redis::cmd("DEL")
             .arg("soak")
             .query::<i64>(&mut redis.conn());
-        // The three drains right after the soak, on the table it left; then three on a fresh
-        // table again. The fresh figures are the median of the drains before and after, so
-        // that the machine's drift over the soak's minutes does not land on one side.
-        let (soaked_rates, soaked_cpus) = drains_with_cpu(pg, redis, || {});
-        let fresh_after = fresh_drains(pg);
-        let (soaked_rate, soaked_cpu) = (median(soaked_rates), median(soaked_cpus));
+        let [soaked, fresh] = soaked_beside_fresh(pg, redis, "soak_fresh");
+        let (soaked_rate, soaked_cpu) = (median(soaked.0.clone()), median(soaked.1));
+        let (fresh_rate, fresh_cpu) = (median(fresh.0.clone()), median(fresh.1));
         println!(
-            "  fresh table before the soak {:.0} events/s, after {:.0}; the soaked table {soaked_rate:.0}",
-            median(fresh_before.0.clone()),
-            median(fresh_after.0.clone())
+            "  fresh table before the soak {:.0} events/s; after it, in turns, the soaked table {soaked_rate:.0}, a fresh one {fresh_rate:.0}",
+            median(fresh_before.0),
         );
-        let fresh_rate = median([fresh_before.0, fresh_after.0].concat());
-        let fresh_cpu = median([fresh_before.1, fresh_after.1].concat());
 
         let after_first_minute: Vec<&Sample> = samples.iter().filter(|s| s.at >= 60.0).collect();
         let worst = after_first_minute
@@ -1297,8 +1310,8 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         report.row(
             &format!("soak {rate}/s: relay drain after the soak"),
             format!("{soaked_rate:.0} events/s, {soaked_cpu:.1} µs CPU/event"),
-            format!("{fresh_rate:.0} events/s, {fresh_cpu:.1} µs CPU/event (fresh table, before and after)"),
-            format!("{:.3}", soaked_rate / fresh_rate),
+            format!("{fresh_rate:.0} events/s, {fresh_cpu:.1} µs CPU/event (a fresh table, drained in turn)"),
+            format!("{:.3}", paired_ratio(&soaked.0, &fresh.0)),
             ">= 0.9",
         );
     }
@@ -1307,14 +1320,22 @@ fn soak(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         .unwrap();
 }
 
-/// Drains a backlog without emptying the table first: events per second, and the worker's CPU
-/// time per event.
-fn drain_with_cpu(pg: &Pg, redis: &Redis) -> (f64, f64, i64) {
-    let pid = worker_pid(pg);
-    let mut client = pg.connect();
+/// Drains a backlog in `db` without emptying its table first: events per second, the worker's
+/// CPU time per event, and the autovacuums of the table's partitions that ended meanwhile.
+fn drain_with_cpu(pg: &Pg, redis: &Redis, db: &str) -> (f64, f64, i64) {
+    let pid: i32 = pg
+        .connect()
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = $1",
+            &[&db],
+        )
+        .unwrap()
+        .get(0);
+    let mut client = pg.connect_to(db);
     let vacuums = autovacuums(&mut client);
     let before = cpu_ticks(pid);
-    let secs = drain_seconds(pg, redis, "soak-drain", BACKLOG / 2, false);
+    let stream = format!("soak-drain-{db}");
+    let secs = drain_seconds_in(pg, redis, db, &stream, BACKLOG / 2, false);
     // /proc/<pid>/stat counts in clock ticks: USER_HZ, 100 on Linux.
     let cpu_us = (cpu_ticks(pid) - before) as f64 * 10_000.0;
     (
@@ -1330,7 +1351,7 @@ fn drains_with_cpu(pg: &Pg, redis: &Redis, mut prepare: impl FnMut()) -> (Vec<f6
     let (mut rates, mut cpus) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         prepare();
-        let (rate, cpu, vacuums) = drain_with_cpu(pg, redis);
+        let (rate, cpu, vacuums) = drain_with_cpu(pg, redis, "postgres");
         println!(
             "  drain: {rate:.0} events/s, {cpu:.1} µs CPU/event, {vacuums} autovacuum(s) ended meanwhile"
         );
@@ -1338,6 +1359,44 @@ fn drains_with_cpu(pg: &Pg, redis: &Redis, mut prepare: impl FnMut()) -> (Vec<f6
         cpus.push(cpu);
     }
     (rates, cpus)
+}
+
+/// After a soak: three drains of the table it left, each next to one of a fresh table in the
+/// database `fresh_db` (emptied before it), the two taking turns at going first, so that the
+/// machine's drift lands on both sides alike. The soaked drains' rates and CPU per event, then
+/// the fresh ones'. `fresh_db` is relayed only meanwhile, so that the soak itself runs beside
+/// no other worker.
+fn soaked_beside_fresh(pg: &mut Pg, redis: &Redis, fresh_db: &str) -> [(Vec<f64>, Vec<f64>); 2] {
+    let relay = |pg: &mut Pg, list: &str, workers: usize| {
+        pg.set(&[("outbox.database", list)]);
+        assert!(
+            wait_until(Duration::from_secs(30), || pg.worker_pids().len()
+                == workers),
+            "the launcher did not settle on {workers} workers"
+        );
+    };
+    relay(pg, &format!("postgres, {fresh_db}"), 2);
+    let mut sides = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+    for rep in 0..3 {
+        let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let db = if side == 0 { "postgres" } else { fresh_db };
+            let mut client = pg.connect_to(db);
+            if side == 1 {
+                fresh_table(&mut client);
+            }
+            client.batch_execute("CHECKPOINT").unwrap();
+            let (rate, cpu, vacuums) = drain_with_cpu(pg, redis, db);
+            println!(
+                "  drain, {}: {rate:.0} events/s, {cpu:.1} µs CPU/event, {vacuums} autovacuum(s) ended meanwhile",
+                if side == 0 { "the soaked table" } else { "a fresh table" }
+            );
+            sides[side].0.push(rate);
+            sides[side].1.push(cpu);
+        }
+    }
+    relay(pg, "postgres", 1);
+    sides
 }
 
 fn main() {
