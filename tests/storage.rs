@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{enqueue_many, wait_until, Pg, Redis};
 use postgres::Client;
@@ -302,8 +302,8 @@ fn an_idle_relay_empties_a_partition_when_it_comes_due() {
 struct Held {
     client: Client,
     reader: Client,
-    _pg: Pg,
-    _redis: Redis,
+    pg: Pg,
+    redis: Redis,
 }
 
 fn held_by_a_reader(retention: &str) -> Held {
@@ -321,8 +321,8 @@ fn held_by_a_reader(retention: &str) -> Held {
     Held {
         client,
         reader,
-        _pg: pg,
-        _redis: redis,
+        pg,
+        redis,
     }
 }
 
@@ -369,6 +369,57 @@ fn an_idle_relay_looks_seldom_at_a_partition_held_for_long() {
     assert!(
         during < 150,
         "{during} transactions in 6 s: the idle relay keeps looking at the held partition"
+    );
+    held.reader.batch_execute("COMMIT").unwrap();
+    assert!(emptied(&mut held.client, "outbox_01"));
+}
+
+/// Reads of the id sequence counted so far: one per id handed out, and one per look of the
+/// relay for partitions to empty (it reads where the sequence stands).
+fn sequence_reads(client: &mut Client) -> i64 {
+    one(
+        client,
+        "SELECT coalesce(sum(blks_hit + blks_read), 0)::bigint FROM pg_statio_user_sequences \
+         WHERE relname = 'outbox_id_seq'",
+    )
+}
+
+/// While a due partition stays in use for long, a relay kept busy by a steady stream looks at
+/// it again less and less often too, though every commit wakes it: not every 20 ms for as long
+/// as the reader holds it.
+#[test]
+fn a_busy_relay_looks_seldom_at_a_partition_held_for_long() {
+    // Due after 2 s, and its rows not old enough for pruning to delete (22 s) by the end.
+    let mut held = held_by_a_reader("2s");
+    // The worker reports its statistics at most once a second.
+    std::thread::sleep(Duration::from_secs(3));
+    let before = sequence_reads(&mut held.client);
+    // About 100 events a second for 6 s, each committed alone: each commit wakes the relay.
+    let mut writer = held.pg.connect();
+    let started = Instant::now();
+    let mut written = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        writer
+            .execute("SELECT outbox_enqueue('steady', '{}')", &[])
+            .unwrap();
+        written += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A session reports its statistics as it ends.
+    drop(writer);
+    assert!(
+        wait_until(Duration::from_secs(30), || held.redis.xlen("steady")
+            == written as usize),
+        "the steady stream was not relayed"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let looks = sequence_reads(&mut held.client) - before - written;
+    eprintln!("{looks} looks while the due partition was held and {written} events went out");
+    assert_eq!(partition(&mut held.client, "outbox_01").rows, 50);
+    // A look every 20 ms for 6 s is about 300.
+    assert!(
+        looks < 80,
+        "{looks} looks: the busy relay keeps looking at the held partition"
     );
     held.reader.batch_execute("COMMIT").unwrap();
     assert!(emptied(&mut held.client, "outbox_01"));

@@ -16,8 +16,8 @@
 //!
 //! A partition is looked at as soon as its retention runs out (an idle worker wakes for it),
 //! so that the table holds a partition's rows no longer than that. A partition found in use is
-//! tried again within [`SOON`] (by an idle worker, less often the longer it stays in use, up to
-//! once per [`EVERY`]); if what holds it is an autovacuum (of a partition with nothing
+//! tried again within [`SOON`] (less often the longer it stays in use, up to once per
+//! [`EVERY`]); if what holds it is an autovacuum (of a partition with nothing
 //! left to publish, and not one that prevents wraparound), the relay cancels it, as PostgreSQL
 //! cancels an autovacuum that blocks a lock request: vacuuming rows about to be emptied is
 //! wasted work, and the partition's rows would stay for as long as it runs.
@@ -39,9 +39,9 @@ const EVERY: Duration = Duration::from_secs(1);
 const SOON: Duration = Duration::from_millis(20);
 
 /// How long after a look that found a due partition in use, the `looks`-th such look in a row,
-/// an idle worker wakes to look again: [`SOON`] at first, doubling up to [`EVERY`], so that a
-/// partition held for long (a `pg_dump` reading it, say) costs an idle relay a look a second,
-/// not fifty. A busy worker passes by the check anyway, and looks again after `SOON`.
+/// the relay looks again: [`SOON`] at first, doubling up to [`EVERY`], so that a partition held
+/// for long (a `pg_dump` reading it, say) costs a look a second, not fifty. An idle worker
+/// wakes for it; a busy one, woken by commits, looks once the time has come.
 fn retry_in(looks: u32) -> Duration {
     SOON.saturating_mul(1 << looks.saturating_sub(1).min(16))
         .min(EVERY)
@@ -148,9 +148,10 @@ pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str
     let busy_looks = shared.count_truncate_look(busy);
     // Counted from the look's end: a look can take longer than SOON.
     let end = worker::now();
-    shared.set_truncate_again_at(end.saturating_add(micros(if busy { SOON } else { EVERY })));
+    let again_in = if busy { retry_in(busy_looks) } else { EVERY };
+    shared.set_truncate_again_at(end.saturating_add(micros(again_in)));
     shared.set_truncate_retry_at(if busy {
-        end.saturating_add(micros(retry_in(busy_looks)))
+        end.saturating_add(micros(again_in))
     } else {
         0
     });
