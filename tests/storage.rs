@@ -297,8 +297,9 @@ fn an_idle_relay_empties_a_partition_when_it_comes_due() {
     assert_eq!(partition(&mut client, "outbox_02").rows, 1);
 }
 
-/// An idle relay (poll 30 s) with a retention of `retention`, and a reader holding `outbox_01`
-/// in an open transaction since before its 50 events were published.
+/// A relay that polls every 30 s, idle unless the test writes, with a retention of `retention`,
+/// and a reader holding `outbox_01` in an open transaction since before its 50 events were
+/// published.
 struct Held {
     client: Client,
     reader: Client,
@@ -423,6 +424,80 @@ fn a_busy_relay_looks_seldom_at_a_partition_held_for_long() {
     eprintln!("{written} events went out");
     // A look every 20 ms for 6 s is about 300.
     seldom_then_emptied(held, "looks", looks, 80);
+}
+
+/// The file behind partition `name`: `TRUNCATE` gives it a new one. Read from the catalog, so
+/// that watching for it takes no lock on the partition (which would keep it from being emptied).
+fn filenode(client: &mut Client, name: &str) -> u32 {
+    client
+        .query_one(
+            "SELECT relfilenode FROM pg_class WHERE oid = $1::text::regclass",
+            &[&name],
+        )
+        .unwrap()
+        .get::<_, postgres::types::Oid>(0)
+}
+
+/// A due partition held only by another relay worker, whose batch is in flight (each claim locks
+/// every partition until its batch commits), is tried again every 20 ms, as before, not less and
+/// less often as for a reader that may hold it for long: it is emptied as soon as that batch
+/// commits.
+#[test]
+fn a_partition_held_by_another_worker_is_emptied_once_its_batch_commits() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.retention", "1s"),
+            ("outbox.poll_interval", "30s"),
+            ("outbox.workers", "2"),
+            ("outbox.redis_timeout", "30s"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(2);
+    publish_old_then_new(&mut client, &redis, 50, 1);
+    let before = filenode(&mut client, "outbox_01");
+    // Redis takes no write for 4.3 s: the worker that claims the next event holds every
+    // partition meanwhile. outbox_01 comes due a second after its events were marked; the
+    // other worker, idle, finds it held.
+    let pause = Duration::from_millis(4_300);
+    redis.query::<()>(
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(pause.as_millis() as u64)
+            .arg("WRITE"),
+    );
+    let paused_at = Instant::now();
+    client
+        .execute("SELECT outbox_enqueue('held', '{}')", &[])
+        .unwrap();
+    std::thread::sleep(pause - Duration::from_millis(200));
+    assert_eq!(
+        filenode(&mut client, "outbox_01"),
+        before,
+        "outbox_01 was emptied while a batch was in flight"
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || filenode(
+            &mut client,
+            "outbox_01"
+        ) != before),
+        "outbox_01 was not emptied"
+    );
+    let late = paused_at.elapsed().saturating_sub(pause);
+    eprintln!(
+        "emptied {} ms after Redis took writes again",
+        late.as_millis()
+    );
+    assert_eq!(redis.xlen("held"), 1);
+    // Backing off as from a reader, the worker would look 2.26 and 3.26 s after the partition
+    // came due, and find it free only at the second look, about 0.8 s late.
+    assert!(
+        late < Duration::from_millis(500),
+        "outbox_01 emptied {} ms after the batch that held it could commit",
+        late.as_millis()
+    );
 }
 
 /// An autovacuum of a partition that is due does not keep it: the relay cancels that vacuum,

@@ -16,8 +16,9 @@
 //!
 //! A partition is looked at as soon as its retention runs out (an idle worker wakes for it),
 //! so that the table holds a partition's rows no longer than that. A partition found in use is
-//! tried again within [`SOON`] (less often the longer it stays in use, up to once per
-//! [`EVERY`]); if what holds it is an autovacuum (of a partition with nothing
+//! tried again within [`SOON`]: while only the relay's own workers hold it (each claim locks
+//! every partition until its batch commits), as often as that; while something else does (a
+//! `pg_dump` reading it), less often the longer it stays in use, up to once per [`EVERY`]; if what holds it is an autovacuum (of a partition with nothing
 //! left to publish, and not one that prevents wraparound), the relay cancels it, as PostgreSQL
 //! cancels an autovacuum that blocks a lock request: vacuuming rows about to be emptied is
 //! wasted work, and the partition's rows would stay for as long as it runs.
@@ -32,16 +33,18 @@ use crate::ring::{self, LEAVES};
 use crate::shmem::DatabaseShare;
 
 /// Least time between two looks for partitions to empty, across all workers, unless a
-/// partition comes due in between: a partition due but not emptied at the last look (in use,
-/// or holding an event not yet published) is tried again this often.
+/// partition comes due in between: a partition due but not emptied at the last look (holding
+/// an event not yet published, or in use for long) is tried again this often.
 const EVERY: Duration = Duration::from_secs(1);
-/// Time before another look when a partition was in use at the last one.
+/// Time before another look when a partition was in use at the last one: always while only
+/// relay workers held it, and at first while something else did.
 const SOON: Duration = Duration::from_millis(20);
 
-/// How long after a look that found a due partition in use, the `looks`-th such look in a row,
-/// the relay looks again: [`SOON`] at first, doubling up to [`EVERY`], so that a partition held
-/// for long (a `pg_dump` reading it, say) costs a look a second, not fifty. An idle worker
-/// wakes for it; a busy one, woken by commits, looks once the time has come.
+/// How long after a look that found a due partition held by something other than the relay's
+/// workers, the `looks`-th such look in a row, the relay looks again: [`SOON`] at first,
+/// doubling up to [`EVERY`], so that a partition held for long (a `pg_dump` reading it, say)
+/// costs a look a second, not fifty. An idle worker wakes for it; a busy one, woken by commits,
+/// looks once the time has come.
 fn retry_in(looks: u32) -> Duration {
     SOON.saturating_mul(1 << looks.saturating_sub(1).min(16))
         .min(EVERY)
@@ -119,9 +122,11 @@ fn micros(duration: Duration) -> i64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
     Emptied,
-    /// Another transaction holds a lock on it; autovacuums there cancelled.
+    /// Another transaction holds a lock on it; autovacuums there cancelled; whether a process
+    /// other than the relay's workers holds it.
     Busy {
         vacuums_cancelled: i64,
+        by_others: bool,
     },
     /// Rows in it were marked within the retention after all.
     Recent,
@@ -144,11 +149,17 @@ pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str
     // While this look runs, no other worker starts one, nor waits for the last one's retry.
     shared.set_truncate_again_at(now.saturating_add(micros(EVERY)));
     shared.set_truncate_retry_at(0);
-    let busy = look(shared, retention, now, schema, index);
-    let busy_looks = shared.count_truncate_look(busy);
+    let Held { busy, by_others } = look(shared, retention, now, schema, index);
+    let held_looks = shared.count_truncate_look(by_others);
     // Counted from the look's end: a look can take longer than SOON.
     let end = worker::now();
-    let again_in = if busy { retry_in(busy_looks) } else { EVERY };
+    let again_in = if by_others {
+        retry_in(held_looks)
+    } else if busy {
+        SOON
+    } else {
+        EVERY
+    };
     shared.set_truncate_again_at(end.saturating_add(micros(again_in)));
     shared.set_truncate_retry_at(if busy {
         end.saturating_add(micros(again_in))
@@ -157,17 +168,25 @@ pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str
     });
 }
 
+/// Whether a look found a due partition in use, and whether by something other than the
+/// relay's workers.
+#[derive(Clone, Copy, Default)]
+struct Held {
+    busy: bool,
+    by_others: bool,
+}
+
 /// Surveys the partitions and tries to empty those that are due; whether one was in use.
-fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: usize) -> bool {
+fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: usize) -> Held {
     let Some((position, names, oids, sizes)) = in_transaction(|| (survey(schema), End::Commit))
     else {
-        return false;
+        return Held::default();
     };
     let leaves: [Leaf; LEAVES] = std::array::from_fn(|leaf| Leaf {
         marked_at: shared.leaf_marked_at(leaf),
         bytes: sizes[leaf],
     });
-    let mut busy = false;
+    let mut held = Held::default();
     for leaf in candidates(&leaves, position, now, retention) {
         if worker::shutdown_requested() {
             break;
@@ -182,8 +201,12 @@ fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: u
                 names[leaf],
                 sizes[leaf]
             ),
-            Outcome::Busy { vacuums_cancelled } => {
-                busy = true;
+            Outcome::Busy {
+                vacuums_cancelled,
+                by_others,
+            } => {
+                held.busy = true;
+                held.by_others |= by_others;
                 if vacuums_cancelled > 0 {
                     debug1!(
                         "outbox relay {index}: cancelled an autovacuum of {} to empty it",
@@ -194,7 +217,7 @@ fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: u
             Outcome::Recent | Outcome::Pending => {}
         }
     }
-    busy
+    held
 }
 
 /// The sequence's position, and each partition's qualified name, OID and size.
@@ -244,7 +267,10 @@ fn empty(
         } else {
             cancel_autovacuums(oid)
         };
-        return Outcome::Busy { vacuums_cancelled };
+        return Outcome::Busy {
+            vacuums_cancelled,
+            by_others: held_by_others(oid),
+        };
     }
     // Marks record their time before they commit, and a mark's commit comes before the lock.
     if !expired(shared.leaf_marked_at(leaf), worker::now(), retention) {
@@ -256,6 +282,25 @@ fn empty(
     Spi::run(&format!("TRUNCATE {name}"))
         .unwrap_or_else(|e| error!("outbox relay: cannot empty {name}: {e}"));
     Outcome::Emptied
+}
+
+/// Whether a process other than this database's relay workers holds a lock on the relation
+/// `oid`. A relay worker holds every partition only while its batch is in flight, and lets go
+/// at its commit: a partition held by them alone is worth trying again soon.
+fn held_by_others(oid: pg_sys::Oid) -> bool {
+    // SAFETY: reads this process's database.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    let (database, oid) = (database.to_u32(), oid.to_u32());
+    Spi::get_one::<bool>(&format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
+                        LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+                        WHERE l.locktype = 'relation' AND l.database = {database} \
+                          AND l.relation = {oid} AND l.granted \
+                          AND l.pid <> pg_catalog.pg_backend_pid() \
+                          AND a.backend_type IS DISTINCT FROM 'outbox relay')"
+    ))
+    .unwrap_or_else(|e| error!("outbox relay: cannot read the locks: {e}"))
+    .unwrap_or(true)
 }
 
 /// Whether partition `name` holds an event not yet published (or cannot be read).
@@ -381,7 +426,7 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_worker_backs_off_while_a_partition_stays_in_use() {
+    fn the_relay_backs_off_while_a_partition_stays_in_use() {
         let waits: Vec<u128> = (1..=9).map(|n| retry_in(n).as_millis()).collect();
         assert_eq!(waits, [20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
         assert_eq!(retry_in(0), SOON);
