@@ -259,8 +259,7 @@ pub struct DatabaseShare {
     /// When a look that found a due partition in use is to be repeated (0: the last look found
     /// none in use): an idle worker wakes for it.
     truncate_retry_at: AtomicI64,
-    /// Looks in a row that found a due partition held by something other than the relay's
-    /// workers: the retries back off with it.
+    /// Looks in a row that found a due partition in use: the retries back off with it.
     truncate_busy_looks: AtomicU32,
     /// For each partition of the ring, when a batch with rows in it was last marked published
     /// (at the latest when the entry was taken): every row in it was published no later than
@@ -357,10 +356,10 @@ impl DatabaseShare {
         self.truncate_retry_at.store(at, Ordering::Release);
     }
 
-    /// Counts a look that found a due partition held by something other than the relay's
-    /// workers (`held`), or ends a run of them; returns how many looks in a row have.
-    pub fn count_truncate_look(&self, held: bool) -> u32 {
-        if held {
+    /// Counts a look that found a due partition in use (`busy`), or ends a run of them; returns
+    /// how many looks in a row have.
+    pub fn count_truncate_look(&self, busy: bool) -> u32 {
+        if busy {
             self.truncate_busy_looks
                 .fetch_add(1, Ordering::AcqRel)
                 .saturating_add(1)

@@ -16,12 +16,14 @@
 //!
 //! A partition is looked at as soon as its retention runs out (an idle worker wakes for it),
 //! so that the table holds a partition's rows no longer than that. A partition found in use is
-//! tried again within [`SOON`]: while only the relay's own workers hold it (each claim locks
-//! every partition until its batch commits), as often as that; while something else does (a
-//! `pg_dump` reading it), less often the longer it stays in use, up to once per [`EVERY`]; if what holds it is an autovacuum (of a partition with nothing
-//! left to publish, and not one that prevents wraparound), the relay cancels it, as PostgreSQL
-//! cancels an autovacuum that blocks a lock request: vacuuming rows about to be emptied is
-//! wasted work, and the partition's rows would stay for as long as it runs.
+//! tried again within [`SOON`], then less often the longer it stays in use: up to once per
+//! [`EVERY`] while something besides the relay's workers holds it (a `pg_dump` reading it), up
+//! to once per [`RELAY_HELD`] while only they do (each claim locks every partition until its
+//! batch commits, a moment unless Redis hangs). If what holds it is an autovacuum (of a
+//! partition with nothing left to publish, and not one that prevents wraparound), the relay
+//! cancels it, as PostgreSQL cancels an autovacuum that blocks a lock request: vacuuming rows
+//! about to be emptied is wasted work, and the partition's rows would stay for as long as it
+//! runs.
 
 use std::time::Duration;
 
@@ -36,18 +38,21 @@ use crate::shmem::DatabaseShare;
 /// partition comes due in between: a partition due but not emptied at the last look (holding
 /// an event not yet published, or in use for long) is tried again this often.
 const EVERY: Duration = Duration::from_secs(1);
-/// Time before another look when a partition was in use at the last one: always while only
-/// relay workers held it, and at first while something else did.
+/// Time before another look when a partition was in use at the last one, at first.
 const SOON: Duration = Duration::from_millis(20);
+/// Longest time between looks at a partition that only the relay's workers held at the last
+/// ones: they let go when their batch commits.
+const RELAY_HELD: Duration = Duration::from_millis(100);
 
-/// How long after a look that found a due partition held by something other than the relay's
-/// workers, the `looks`-th such look in a row, the relay looks again: [`SOON`] at first,
-/// doubling up to [`EVERY`], so that a partition held for long (a `pg_dump` reading it, say)
-/// costs a look a second, not fifty. An idle worker wakes for it; a busy one, woken by commits,
-/// looks once the time has come.
-fn retry_in(looks: u32) -> Duration {
+/// How long after a look that found a due partition in use, the `looks`-th such look in a row,
+/// the relay looks again: [`SOON`] at first, doubling up to [`EVERY`] if something besides the
+/// relay's workers held one at the last look (`by_others`), so that a partition held for long
+/// (a `pg_dump` reading it, say) costs a look a second, not fifty; up to [`RELAY_HELD`] if not.
+/// An idle worker wakes for it; a busy one, woken by commits, looks once the time has come.
+fn retry_in(looks: u32, by_others: bool) -> Duration {
+    let most = if by_others { EVERY } else { RELAY_HELD };
     SOON.saturating_mul(1 << looks.saturating_sub(1).min(16))
-        .min(EVERY)
+        .min(most)
 }
 
 /// What the relay knows about one partition before it tries to empty it.
@@ -150,13 +155,11 @@ pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str
     shared.set_truncate_again_at(now.saturating_add(micros(EVERY)));
     shared.set_truncate_retry_at(0);
     let Held { busy, by_others } = look(shared, retention, now, schema, index);
-    let held_looks = shared.count_truncate_look(by_others);
+    let held_looks = shared.count_truncate_look(busy);
     // Counted from the look's end: a look can take longer than SOON.
     let end = worker::now();
-    let again_in = if by_others {
-        retry_in(held_looks)
-    } else if busy {
-        SOON
+    let again_in = if busy {
+        retry_in(held_looks, by_others)
     } else {
         EVERY
     };
@@ -206,6 +209,8 @@ fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: u
                 by_others,
             } => {
                 held.busy = true;
+                // One partition held for long slows the looks at all of them: the others come
+                // free at the same look anyway, or at the next.
                 held.by_others |= by_others;
                 if vacuums_cancelled > 0 {
                     debug1!(
@@ -284,9 +289,10 @@ fn empty(
     Outcome::Emptied
 }
 
-/// Whether a process other than this database's relay workers holds a lock on the relation
-/// `oid`. A relay worker holds every partition only while its batch is in flight, and lets go
-/// at its commit: a partition held by them alone is worth trying again soon.
+/// Whether anything other than this database's relay workers holds a lock on the relation
+/// `oid`: another session, or a prepared transaction (whose locks have no pid). A relay worker
+/// holds every partition only while its batch is in flight, and lets go at its commit: a
+/// partition held by them alone is worth trying again soon.
 fn held_by_others(oid: pg_sys::Oid) -> bool {
     // SAFETY: reads this process's database.
     let database = unsafe { pg_sys::MyDatabaseId };
@@ -296,7 +302,7 @@ fn held_by_others(oid: pg_sys::Oid) -> bool {
                         LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
                         WHERE l.locktype = 'relation' AND l.database = {database} \
                           AND l.relation = {oid} AND l.granted \
-                          AND l.pid <> pg_catalog.pg_backend_pid() \
+                          AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid() \
                           AND a.backend_type IS DISTINCT FROM 'outbox relay')"
     ))
     .unwrap_or_else(|e| error!("outbox relay: cannot read the locks: {e}"))
@@ -427,10 +433,14 @@ mod tests {
 
     #[test]
     fn the_relay_backs_off_while_a_partition_stays_in_use() {
-        let waits: Vec<u128> = (1..=9).map(|n| retry_in(n).as_millis()).collect();
+        let waits: Vec<u128> = (1..=9).map(|n| retry_in(n, true).as_millis()).collect();
         assert_eq!(waits, [20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
-        assert_eq!(retry_in(0), SOON);
-        assert_eq!(retry_in(u32::MAX), EVERY);
+        assert_eq!(retry_in(0, true), SOON);
+        assert_eq!(retry_in(u32::MAX, true), EVERY);
+        // Held by the relay's workers alone: they let go within a batch.
+        let waits: Vec<u128> = (1..=5).map(|n| retry_in(n, false).as_millis()).collect();
+        assert_eq!(waits, [20, 40, 80, 100, 100]);
+        assert_eq!(retry_in(u32::MAX, false), RELAY_HELD);
     }
 
     #[test]
