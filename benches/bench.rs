@@ -337,6 +337,16 @@ fn cluster_relay(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     );
 }
 
+/// Sets `outbox.database` to `list` and waits until the launcher runs `workers` workers.
+fn relay_databases(pg: &mut Pg, list: &str, workers: usize) {
+    pg.set(&[("outbox.database", list)]);
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.worker_pids().len()
+            == workers),
+        "the launcher did not settle on {workers} workers"
+    );
+}
+
 /// One database's drain alone, and beside two idle databases that are relayed too, alternating.
 fn idle_databases(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     println!("8. one database's relay beside two idle ones ({BACKLOG} events)");
@@ -359,12 +369,7 @@ fn idle_databases(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         } else {
             ("postgres, idle_one, idle_two", 3)
         };
-        pg.set(&[("outbox.database", list)]);
-        assert!(
-            wait_until(Duration::from_secs(30), || pg.worker_pids().len()
-                == workers),
-            "the launcher did not settle on {workers} workers"
-        );
+        relay_databases(pg, list, workers);
         BACKLOG as f64 / drain_seconds(pg, redis, "databases", BACKLOG, true)
     });
     pg.set(&[("outbox.database", "postgres")]);
@@ -1367,15 +1372,7 @@ fn drains_with_cpu(pg: &Pg, redis: &Redis, mut prepare: impl FnMut()) -> (Vec<f6
 /// the fresh ones'. `fresh_db` is relayed only meanwhile, so that the soak itself runs beside
 /// no other worker.
 fn soaked_beside_fresh(pg: &mut Pg, redis: &Redis, fresh_db: &str) -> [(Vec<f64>, Vec<f64>); 2] {
-    let relay = |pg: &mut Pg, list: &str, workers: usize| {
-        pg.set(&[("outbox.database", list)]);
-        assert!(
-            wait_until(Duration::from_secs(30), || pg.worker_pids().len()
-                == workers),
-            "the launcher did not settle on {workers} workers"
-        );
-    };
-    relay(pg, &format!("postgres, {fresh_db}"), 2);
+    relay_databases(pg, &format!("postgres, {fresh_db}"), 2);
     let mut sides = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
     for rep in 0..3 {
         let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -1395,7 +1392,7 @@ fn soaked_beside_fresh(pg: &mut Pg, redis: &Redis, fresh_db: &str) -> [(Vec<f64>
             sides[side].1.push(cpu);
         }
     }
-    relay(pg, "postgres", 1);
+    relay_databases(pg, "postgres", 1);
     sides
 }
 
