@@ -99,6 +99,87 @@ fn keys_and_headers_reach_the_stream_entry() {
     );
 }
 
+/// A key is stored as PostgreSQL sees fit: a short one with a one-byte header, a long one
+/// compressed in the row, a long one that does not compress out of line in the TOAST table. The
+/// relay reads each whole.
+#[test]
+fn long_keys_reach_the_stream_whole_however_they_are_stored() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.with_extension();
+    // Written by hand, the relay pointed away meanwhile, so that the rows can be looked at
+    // before they are claimed.
+    let point_relay = |client: &mut postgres::Client, statement: &str| {
+        client.batch_execute(statement).unwrap();
+        client.batch_execute("SELECT pg_reload_conf()").unwrap();
+    };
+    point_relay(
+        &mut client,
+        "ALTER SYSTEM SET outbox.redis_url = 'redis://127.0.0.1:1/'",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let keys = [
+        ("short", "SELECT 'k-7'"),
+        ("compressed", "SELECT repeat('k', 100000)"),
+        (
+            "out of line",
+            "SELECT string_agg(md5(i::text), '') FROM generate_series(1, 2000) i",
+        ),
+    ];
+    let mut expected = HashMap::new();
+    for (kind, key_sql) in keys {
+        let row = client
+            .query_one(
+                &format!(
+                    "WITH k (key) AS ({key_sql}) \
+                     SELECT outbox_enqueue('long-keys', '{{}}', k.key), k.key FROM k"
+                ),
+                &[],
+            )
+            .unwrap();
+        let (id, key): (i64, String) = (row.get(0), row.get(1));
+        expected.insert(id, (kind, key));
+    }
+    // How each key is stored: its size in the row against its length.
+    let stored: Vec<(i64, i32, i32)> = client
+        .query(
+            "SELECT id, pg_column_size(key), octet_length(key) FROM outbox ORDER BY id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let toast: i64 = client
+        .query_one(
+            "SELECT sum(pg_relation_size(c.reltoastrelid))::bigint FROM pg_inherits i \
+             JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(stored[0].1 < 8, "the short key is not short: {stored:?}");
+    assert!(
+        stored[1].1 < stored[1].2 / 10,
+        "the repeated key is not compressed: {stored:?}"
+    );
+    assert!(toast > 0, "no key went out of line: {stored:?}");
+    point_relay(&mut client, "ALTER SYSTEM RESET outbox.redis_url");
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("long-keys") == 3),
+        "the events did not arrive"
+    );
+    for (_, fields) in redis.entries("long-keys") {
+        let id: i64 = fields["id"].parse().unwrap();
+        let (kind, key) = &expected[&id];
+        assert!(fields["key"] == *key, "the {kind} key arrived changed");
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || pg.pending() == 0),
+        "the events were not marked"
+    );
+}
+
 /// Headers that are not an object of strings, and a negative delay, are refused with 22023,
 /// and nothing is written.
 #[test]
