@@ -159,3 +159,18 @@ pub fn owns_database(oid: pg_sys::Oid) -> bool {
         }
     }
 }
+
+/// How far the WAL is on disk (`GetFlushRecPtr`, which took the timeline's address from 15 on).
+pub fn wal_flushed_to() -> u64 {
+    // SAFETY: reads shared WAL state under its spinlock.
+    unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14"))]
+        {
+            pg_sys::GetFlushRecPtr()
+        }
+        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+        {
+            pg_sys::GetFlushRecPtr(std::ptr::null_mut())
+        }
+    }
+}

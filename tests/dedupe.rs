@@ -45,6 +45,8 @@ fn drain_with_kills(dedupe: &str) -> (Vec<i64>, BTreeSet<i64>, Redis) {
             ("outbox.dedupe", dedupe),
             ("outbox.batch_size", batch.as_str()),
             ("outbox.poll_interval", "100ms"),
+            // How long the relay's commits may stay off disk (see below).
+            ("wal_writer_delay", "20ms"),
         ],
     );
     pg.with_extension();
@@ -102,10 +104,13 @@ fn with_dedupe_on_kills_leave_every_id_in_its_stream_once() {
         ids.len(),
         expected.len()
     );
-    // A kill after a batch committed and before its markers were removed leaves at most that
-    // batch's markers, in a hash that expires within twice outbox.dedupe_ttl (1 day).
+    // A kill leaves the markers of the batches whose commits were not yet known to be on disk:
+    // the batch in flight, and those committed since the WAL writer's last flush (every 20 ms
+    // here). They are in hashes that expire within twice outbox.dedupe_ttl (1 day).
     let sets = marker_sets(&redis);
-    assert!(markers(&redis) <= BATCH as usize, "markers left: {sets:?}");
+    let left = markers(&redis);
+    eprintln!("markers left after the kills: {left}");
+    assert!(left <= 10 * BATCH as usize, "markers left: {sets:?}");
     for (key, _, ttl) in &sets {
         assert!((1..=2 * 86_400).contains(ttl), "{key} expires in {ttl}s");
     }
@@ -133,6 +138,52 @@ fn with_dedupe_off_the_same_kills_duplicate_batches() {
     );
 }
 
+/// With dedupe on, the relay's commits do not wait for their WAL flush, so a crash of the server
+/// can lose the marks of the last batches it committed. Their markers stay in Redis until the
+/// commits are on disk, and absorb the republication: three crashes of the whole server in the
+/// middle of a drain leave every id in the stream once.
+#[test]
+fn server_crashes_during_a_drain_leave_every_id_once() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.batch_size", "100"),
+            ("outbox.poll_interval", "100ms"),
+            // The WAL writer flushes seldom: a crash finds the relay's last commits unflushed.
+            ("wal_writer_delay", "10s"),
+            ("wal_writer_flush_after", "1GB"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let expected: BTreeSet<i64> = enqueue_many(&mut client, "crash", 30_000)
+        .into_iter()
+        .collect();
+    drop(client);
+    for _ in 0..3 {
+        let reached = redis.xlen("crash");
+        assert!(
+            wait_until(Duration::from_secs(60), || redis.xlen("crash")
+                >= reached + 3_000),
+            "the relay did not get going"
+        );
+        pg.crash_and_start();
+    }
+    assert!(
+        wait_until(Duration::from_secs(120), || pg.pending() == 0),
+        "backlog not drained"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let ids = redis.ids("crash");
+    assert_eq!(
+        ids.iter().copied().collect::<BTreeSet<_>>(),
+        expected,
+        "an event was lost"
+    );
+    assert_eq!(duplicates(&ids), 0, "duplicates after server crashes");
+}
+
 #[test]
 fn markers_stay_bounded_by_a_few_batches() {
     let redis = Redis::start();
@@ -155,11 +206,14 @@ fn markers_stay_bounded_by_a_few_batches() {
         most > 0,
         "no marker was ever seen: the test cannot see them"
     );
-    assert!(most <= 3 * 100, "{most} markers for batches of 100");
-    // A batch of 100 consecutive ids spans at most 3 hashes of 64.
+    // A batch's markers go once its commit is on disk, which the relay sees to itself before
+    // it waits for more: at most one burst of 1,000 events and the batches after it are marked
+    // in Redis at a time.
+    assert!(most <= 1_000 + 3 * 100, "{most} markers for bursts of 1000");
+    // 1,300 consecutive ids span at most 22 hashes of 64, a batch after them 3 more.
     assert!(
-        most_keys <= 3 * 3,
-        "{most_keys} marker keys for batches of 100"
+        most_keys <= 25,
+        "{most_keys} marker keys for bursts of 1000"
     );
     assert!(
         wait_until(Duration::from_secs(5), || marker_sets(&redis).is_empty()),

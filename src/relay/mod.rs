@@ -123,6 +123,10 @@ struct Relay {
     /// When due delayed events were last moved into `outbox`, and whether that move was full.
     moved_at: Option<Instant>,
     moved_full: bool,
+    /// The end of the last commit record told to the Redis thread and not yet known on disk.
+    unflushed: Option<u64>,
+    /// How far the WAL was last said to be on disk.
+    flushed_told: u64,
 }
 
 impl Relay {
@@ -153,6 +157,7 @@ impl Relay {
             (name, End::Commit)
         });
         let settings = Settings::read(&namespace, &database);
+        session::commit_without_waiting(settings.target.dedupe);
         // Under '*', a worker that finds no extension leaves at once, and another looks again a
         // few seconds later: it speaks only once it has found the extension.
         let probing = !Selection::parse(&gucs::database())
@@ -183,6 +188,8 @@ impl Relay {
             failing_checked_at: None,
             moved_at: None,
             moved_full: false,
+            unflushed: None,
+            flushed_told: 0,
         }
     }
 
@@ -284,6 +291,7 @@ impl Relay {
             settings.describe(&self.database)
         );
         let retarget = settings.target != self.settings.target;
+        session::commit_without_waiting(settings.target.dedupe);
         if retarget {
             self.publisher.configure(settings.target.clone());
         }
@@ -324,7 +332,12 @@ impl Relay {
             }
             ((batch.pass, batch.published, batch.end), batch.end)
         });
-        self.publisher.transaction_ended(end == End::Commit);
+        let committed_at = (end == End::Commit).then(worker::last_commit_end);
+        self.publisher.transaction_ended(committed_at);
+        if let Some(lsn) = committed_at {
+            self.unflushed = Some(self.unflushed.map_or(lsn, |told| told.max(lsn)));
+        }
+        self.report_flushed(!matches!(pass, Pass::Full));
         if end != End::Commit {
             // Its events are unpublished again, below the cursor.
             self.start.forget();
@@ -342,6 +355,28 @@ impl Relay {
             Pass::Drained => WorkerState::Idle,
         });
         pass
+    }
+
+    /// Tells the Redis thread how far the WAL is on disk, so that it deletes the markers of the
+    /// batches whose commit is. A busy relay leaves the flushing to the WAL writer (a fraction
+    /// of a second); one about to wait flushes its last commit itself, so that no batch of its
+    /// stays at risk, nor its markers in Redis, while it sleeps.
+    fn report_flushed(&mut self, going_idle: bool) {
+        let Some(waiting) = self.unflushed else {
+            return;
+        };
+        let mut flushed = worker::wal_flushed_to();
+        if flushed < waiting && going_idle {
+            worker::flush_wal(waiting);
+            flushed = worker::wal_flushed_to().max(waiting);
+        }
+        if flushed > self.flushed_told {
+            self.publisher.flushed(flushed);
+            self.flushed_told = flushed;
+        }
+        if flushed >= waiting {
+            self.unflushed = None;
+        }
     }
 
     /// This worker's place among its database's workers, and how many they are: what its share

@@ -4,9 +4,12 @@
 //! The worker's main thread, the only one that calls PostgreSQL, hands a chunk over a channel
 //! and waits for the reply while it keeps watching for SIGTERM and postmaster death, so a Redis
 //! that hangs never holds up a shutdown. When the transaction holding the chunks ends, the main
-//! thread says whether it committed. The markers of a committed batch have done their job: they
-//! are deleted in the next round trip, or after a short idle moment if none comes. The markers of
-//! a rolled-back batch stay in Redis, where they absorb its republication.
+//! thread says whether it committed, and where its commit record ends in the WAL. The markers of
+//! a committed batch have done their job once that record is on disk (the relay's commits do not
+//! wait for it, see `session.rs`): the main thread says how far the WAL is flushed, and the
+//! markers are deleted in the next round trip after that, or after a short idle moment if none
+//! comes. Until then a crash that loses the commit finds them, and they absorb the batch's
+//! republication, as the markers of a rolled-back batch do.
 
 use std::thread;
 use std::time::Duration;
@@ -62,8 +65,11 @@ enum Command {
     Configure(Target),
     /// A chunk to publish; a [`Reply`] follows.
     Publish(Vec<Event>),
-    /// The transaction that holds the chunks published since the last end has committed.
-    Committed,
+    /// The transaction that holds the chunks published since the last end has committed; its
+    /// commit record ends at this WAL position.
+    Committed(u64),
+    /// The WAL is on disk up to this position.
+    Flushed(u64),
     /// It has rolled back.
     RolledBack,
 }
@@ -116,14 +122,18 @@ impl Publisher {
     }
 
     /// Tells the Redis thread how the transaction holding the chunks sent since the last call
-    /// ended.
-    pub fn transaction_ended(&self, committed: bool) {
-        let command = if committed {
-            Command::Committed
-        } else {
-            Command::RolledBack
+    /// ended: committed with its commit record ending at a WAL position, or rolled back.
+    pub fn transaction_ended(&self, committed_at: Option<u64>) {
+        let command = match committed_at {
+            Some(lsn) => Command::Committed(lsn),
+            None => Command::RolledBack,
         };
         let _ = self.commands.send(command);
+    }
+
+    /// Tells the Redis thread that the WAL is on disk up to `lsn`.
+    pub fn flushed(&self, lsn: u64) {
+        let _ = self.commands.send(Command::Flushed(lsn));
     }
 
     /// Waits for the outcome of the chunk last sent, calling `keep_waiting` every `tick` while
@@ -156,6 +166,11 @@ struct RedisSide {
     connection: Option<Connection>,
     /// Markers of chunks whose transaction has not ended yet.
     in_flight: Vec<Markers>,
+    /// Markers of committed batches whose commit record may not be on disk yet, with where it
+    /// ends, oldest first.
+    unflushed: Vec<(u64, Vec<Markers>)>,
+    /// How far the WAL is known to be on disk.
+    flushed: u64,
     /// Markers of committed batches, to delete.
     committed: Vec<Markers>,
     /// Whether deleting them alone failed: then they wait for the next chunk's round trip.
@@ -168,6 +183,8 @@ impl RedisSide {
             target,
             connection: None,
             in_flight: Vec::new(),
+            unflushed: Vec::new(),
+            flushed: 0,
             committed: Vec::new(),
             cleanup_failed: false,
         }
@@ -188,7 +205,17 @@ impl RedisSide {
                         return;
                     }
                 }
-                Ok(Command::Committed) => self.committed.append(&mut self.in_flight),
+                Ok(Command::Committed(lsn)) => {
+                    if !self.in_flight.is_empty() {
+                        let markers = std::mem::take(&mut self.in_flight);
+                        self.unflushed.push((lsn, markers));
+                        self.release_flushed();
+                    }
+                }
+                Ok(Command::Flushed(lsn)) => {
+                    self.flushed = self.flushed.max(lsn);
+                    self.release_flushed();
+                }
                 Ok(Command::RolledBack) => self.in_flight.clear(),
                 Err(RecvTimeoutError::Timeout) => self.clean_up(),
                 Err(RecvTimeoutError::Disconnected) => return,
@@ -210,6 +237,18 @@ impl RedisSide {
                 Reply::Answered(answer.results)
             }
             Err(error) => Reply::Unavailable(error),
+        }
+    }
+
+    /// Hands the markers of batches whose commit is on disk over for deletion.
+    fn release_flushed(&mut self) {
+        let durable = self
+            .unflushed
+            .iter()
+            .take_while(|(lsn, _)| *lsn <= self.flushed)
+            .count();
+        for (_, mut markers) in self.unflushed.drain(..durable) {
+            self.committed.append(&mut markers);
         }
     }
 

@@ -25,7 +25,8 @@ const PINNED: &[(&CStr, &str)] = &[
     (c"idle_in_transaction_session_timeout", "0"),
     // The relay's commits never wait for a synchronous standby: a fast shutdown would otherwise
     // hang on one that is absent. A mark lost in a failover only makes the relay publish that
-    // batch again, which the dedupe markers absorb.
+    // batch again, which the dedupe markers absorb. With dedupe on they do not wait for their
+    // WAL flush either (see `commit_without_waiting`).
     (c"synchronous_commit", "local"),
     // A claim planned during a large backlog would otherwise be JIT-compiled on every poll.
     (c"jit", "off"),
@@ -59,6 +60,14 @@ pub fn pin_settings(application_name: &str) {
             set(name, "0");
         }
     }
+}
+
+/// With dedupe on, the relay's commits do not wait for their WAL to reach disk: a mark lost in
+/// a crash makes the relay publish its batch again, and the batch's markers absorb that, since
+/// they are deleted only once the commit is on disk (`publish.rs`). That takes a WAL flush off
+/// every pass of a busy relay. With dedupe off nothing would absorb it, and commits wait.
+pub fn commit_without_waiting(dedupe: bool) {
+    set(c"synchronous_commit", if dedupe { "off" } else { "local" });
 }
 
 fn set(name: &CStr, value: &str) {

@@ -98,6 +98,24 @@ pub fn exit() -> ! {
     crate::compat::proc_exit(1)
 }
 
+/// Where the commit record of this process's last committed transaction ends in the WAL.
+pub fn last_commit_end() -> u64 {
+    // SAFETY: reads a process global that CommitTransactionCommand has just set.
+    unsafe { pg_sys::XactLastCommitEnd }
+}
+
+/// How far the WAL is on disk.
+pub fn wal_flushed_to() -> u64 {
+    crate::compat::wal_flushed_to()
+}
+
+/// Writes and flushes the WAL up to `lsn`, as a synchronous commit would have.
+pub fn flush_wal(lsn: u64) {
+    // SAFETY: the flush any committing backend does, outside recovery (the relay never commits
+    // during one).
+    unsafe { pg_sys::XLogFlush(lsn) }
+}
+
 /// Whether the server is a hot standby (or still recovering).
 pub fn in_recovery() -> bool {
     // SAFETY: reads shared recovery state.

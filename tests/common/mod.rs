@@ -483,6 +483,13 @@ impl Pg {
         self.ctl_start();
     }
 
+    /// Crashes the server (`pg_ctl stop -m immediate`: WAL not yet written is lost) and starts it
+    /// again, through crash recovery.
+    pub fn crash_and_start(&self) {
+        self.stop("immediate");
+        self.ctl_start();
+    }
+
     pub fn promote(&self) {
         run(pg_command("pg_ctl")
             .arg("-D")
