@@ -184,6 +184,68 @@ fn server_crashes_during_a_drain_leave_every_id_once() {
     assert_eq!(duplicates(&ids), 0, "duplicates after server crashes");
 }
 
+/// WAL flushes (`pg_stat_wal.wal_sync`, `pg_stat_io` from 18 on) during 4 s of 500 events/s, each committed by a client
+/// that does not wait for its own flush: what is counted is the relay's and the WAL writer's.
+fn wal_syncs_under_a_steady_stream(pg: &Pg, redis: &Redis, topic: &str) -> i64 {
+    let mut client = pg.connect();
+    client
+        .batch_execute("SET synchronous_commit = off")
+        .unwrap();
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    // From 18 on, pg_stat_io counts them.
+    let count = if version >= 180_000 {
+        "SELECT COALESCE(sum(fsyncs), 0)::bigint FROM pg_stat_io WHERE object = 'wal'"
+    } else {
+        "SELECT wal_sync FROM pg_stat_wal"
+    };
+    let syncs =
+        |client: &mut postgres::Client| -> i64 { client.query_one(count, &[]).unwrap().get(0) };
+    let before = syncs(&mut client);
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(4) {
+        client
+            .execute("SELECT outbox_enqueue($1, '{}')", &[&topic])
+            .unwrap();
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen(topic) == sent),
+        "the events did not arrive"
+    );
+    // The statistics of the relay's and the WAL writer's flushes reach pg_stat_wal within a
+    // second (they report at most that often).
+    std::thread::sleep(Duration::from_millis(1_500));
+    syncs(&mut client) - before
+}
+
+/// With dedupe on, the relay's passes under a steady stream of commits do not wait for the WAL
+/// flush of their commits; with it off they do, one flush a pass.
+#[test]
+fn a_steady_stream_does_not_flush_the_wal_once_a_pass() {
+    let redis = Redis::start();
+    let mut pg = Pg::relaying_to(&redis, &[("fsync", "on")]);
+    pg.with_extension();
+    pg.wait_for_workers(1);
+    let with_dedupe = wal_syncs_under_a_steady_stream(&pg, &redis, "steady-on");
+    pg.set(&[("outbox.dedupe", "off")]);
+    std::thread::sleep(Duration::from_millis(500));
+    let without = wal_syncs_under_a_steady_stream(&pg, &redis, "steady-off");
+    eprintln!("WAL flushes in 4 s at 500 events/s: {with_dedupe} with dedupe on, {without} off");
+    assert!(
+        without >= 400,
+        "only {without} flushes with dedupe off: the test cannot see the relay's"
+    );
+    assert!(
+        with_dedupe <= 100,
+        "{with_dedupe} WAL flushes with dedupe on ({without} off)"
+    );
+}
+
 #[test]
 fn markers_stay_bounded_by_a_few_batches() {
     let redis = Redis::start();

@@ -55,6 +55,11 @@ pub fn register_workers() {
 /// from looking again.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(3);
 
+/// How long a relay that found no more events waits for the next commit before it flushes its
+/// own last commit: longer than the passes of a steady stream are apart (at most 8 ms, see
+/// `backoff.rs`), so that those never wait for a flush.
+const FLUSH_IF_IDLE_FOR: Duration = Duration::from_millis(20);
+
 /// Entry point of a relay worker, started by the launcher for slot `arg` in the database whose
 /// OID is the worker's extra.
 #[pg_guard]
@@ -236,7 +241,7 @@ impl Relay {
                             wait = wait.min(due_in);
                         }
                     }
-                    worker::wait_latch(wait);
+                    self.wait_for_commits(wait);
                     let next = self.pacing.next_pass_at();
                     let now = Instant::now();
                     if now < next {
@@ -337,7 +342,7 @@ impl Relay {
         if let Some(lsn) = committed_at {
             self.unflushed = Some(self.unflushed.map_or(lsn, |told| told.max(lsn)));
         }
-        self.report_flushed(!matches!(pass, Pass::Full));
+        self.report_flushed(false);
         if end != End::Commit {
             // Its events are unpublished again, below the cursor.
             self.start.forget();
@@ -357,16 +362,33 @@ impl Relay {
         pass
     }
 
+    /// Waits up to `wait` for a commit to wake the relay. While a commit of its own may not be
+    /// on disk, it first waits only [`FLUSH_IF_IDLE_FOR`]: under a steady stream a commit wakes
+    /// it sooner, and the WAL writer flushes in the background; otherwise it flushes that commit
+    /// itself, so that neither the batch nor its markers in Redis wait on the WAL writer while
+    /// the relay sleeps.
+    fn wait_for_commits(&mut self, wait: Duration) {
+        if self.unflushed.is_some() {
+            let first = wait.min(FLUSH_IF_IDLE_FOR);
+            if worker::wait_latch(first) {
+                return;
+            }
+            self.report_flushed(true);
+            worker::wait_latch(wait - first);
+        } else {
+            worker::wait_latch(wait);
+        }
+    }
+
     /// Tells the Redis thread how far the WAL is on disk, so that it deletes the markers of the
-    /// batches whose commit is. A busy relay leaves the flushing to the WAL writer (a fraction
-    /// of a second); one about to wait flushes its last commit itself, so that no batch of its
-    /// stays at risk, nor its markers in Redis, while it sleeps.
-    fn report_flushed(&mut self, going_idle: bool) {
+    /// batches whose commit is. The WAL writer flushes the relay's commits within
+    /// `wal_writer_delay`; with `flush`, the relay flushes its last commit itself.
+    fn report_flushed(&mut self, flush: bool) {
         let Some(waiting) = self.unflushed else {
             return;
         };
         let mut flushed = worker::wal_flushed_to();
-        if flushed < waiting && going_idle {
+        if flushed < waiting && flush {
             worker::flush_wal(waiting);
             flushed = worker::wal_flushed_to().max(waiting);
         }

@@ -64,17 +64,19 @@ pub fn reload_configuration() -> bool {
     true
 }
 
-/// Waits on the latch for at most `timeout`; exits the process if the postmaster died.
-pub fn wait_latch(timeout: Duration) {
+/// Waits on the latch for at most `timeout`; exits the process if the postmaster died. Says
+/// whether the latch was set (else the time ran out).
+pub fn wait_latch(timeout: Duration) -> bool {
     // SAFETY: the standard latch wait of a background worker, on its own latch.
     unsafe {
-        pg_sys::WaitLatch(
+        let events = pg_sys::WaitLatch(
             pg_sys::MyLatch,
             (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
             timeout.as_millis().min(c_long::MAX as u128) as c_long,
             pg_sys::PG_WAIT_EXTENSION,
         );
         pg_sys::ResetLatch(pg_sys::MyLatch);
+        events & pg_sys::WL_LATCH_SET as i32 != 0
     }
 }
 
