@@ -669,12 +669,13 @@ fn ceiling_seconds(client: &mut Client, n: i64, batch: i64) -> f64 {
         ))
         .unwrap();
     // The relay's own session settings (`src/relay/session.rs`) where they bear on the plan: a
-    // generic plan kept across passes, an index walk, no JIT.
+    // generic plan kept across passes, an index walk, no JIT; and on its commits: with dedupe
+    // on (the target case) they do not wait for their WAL flush.
     client
         .batch_execute(
             "SET plan_cache_mode = force_generic_plan; SET jit = off; \
              SET enable_seqscan = off; SET enable_sort = off; SET enable_incremental_sort = off; \
-             SET max_parallel_workers_per_gather = 0",
+             SET max_parallel_workers_per_gather = 0; SET synchronous_commit = off",
         )
         .unwrap();
     let started = Instant::now();
