@@ -60,6 +60,11 @@ const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(3);
 /// `backoff.rs`), so that those never wait for a flush.
 const FLUSH_IF_IDLE_FOR: Duration = Duration::from_millis(20);
 
+/// How long a busy relay leaves its commits to the WAL writer at most before it flushes them
+/// itself: the default `wal_writer_delay`. A batch's markers stay in Redis until its commit is
+/// on disk, so this bounds how many pile up, whatever `wal_writer_delay` says.
+const FLUSH_AT_LEAST_EVERY: Duration = Duration::from_millis(200);
+
 /// Entry point of a relay worker, started by the launcher for slot `arg` in the database whose
 /// OID is the worker's extra.
 #[pg_guard]
@@ -128,8 +133,9 @@ struct Relay {
     /// When due delayed events were last moved into `outbox`, and whether that move was full.
     moved_at: Option<Instant>,
     moved_full: bool,
-    /// The end of the last commit record told to the Redis thread and not yet known on disk.
-    unflushed: Option<u64>,
+    /// The end of the last commit record told to the Redis thread and not yet known on disk,
+    /// and since when the oldest such commit has waited.
+    unflushed: Option<(u64, Instant)>,
     /// How far the WAL was last said to be on disk.
     flushed_told: u64,
 }
@@ -340,7 +346,10 @@ impl Relay {
         let committed_at = (end == End::Commit).then(worker::last_commit_end);
         self.publisher.transaction_ended(committed_at);
         if let Some(lsn) = committed_at {
-            self.unflushed = Some(self.unflushed.map_or(lsn, |told| told.max(lsn)));
+            self.unflushed = Some(match self.unflushed {
+                Some((told, since)) => (told.max(lsn), since),
+                None => (lsn, Instant::now()),
+            });
         }
         self.report_flushed(false);
         if end != End::Commit {
@@ -382,13 +391,14 @@ impl Relay {
 
     /// Tells the Redis thread how far the WAL is on disk, so that it deletes the markers of the
     /// batches whose commit is. The WAL writer flushes the relay's commits within
-    /// `wal_writer_delay`; with `flush`, the relay flushes its last commit itself.
+    /// `wal_writer_delay`; with `flush`, or once a commit has waited [`FLUSH_AT_LEAST_EVERY`]
+    /// (`wal_writer_delay` may be set up to 10 s), the relay flushes its last commit itself.
     fn report_flushed(&mut self, flush: bool) {
-        let Some(waiting) = self.unflushed else {
+        let Some((waiting, since)) = self.unflushed else {
             return;
         };
         let mut flushed = worker::wal_flushed_to();
-        if flushed < waiting && flush {
+        if flushed < waiting && (flush || since.elapsed() >= FLUSH_AT_LEAST_EVERY) {
             worker::flush_wal(waiting);
             flushed = worker::wal_flushed_to().max(waiting);
         }
@@ -399,6 +409,8 @@ impl Relay {
         if flushed >= waiting {
             self.unflushed = None;
         }
+        // Else the wait keeps the start of the oldest commit reported unflushed: the relay's own
+        // flush may come early, never late.
     }
 
     /// This worker's place among its database's workers, and how many they are: what its share

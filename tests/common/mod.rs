@@ -365,14 +365,19 @@ impl Pg {
 
     /// Changes settings in postgresql.conf and reloads the server.
     pub fn set(&mut self, settings: &[(&str, &str)]) {
+        self.set_at_next_start(settings);
+        self.connect()
+            .execute("SELECT pg_reload_conf()", &[])
+            .unwrap();
+    }
+
+    /// Changes settings in postgresql.conf without telling the server.
+    pub fn set_at_next_start(&mut self, settings: &[(&str, &str)]) {
         for (key, value) in settings {
             self.settings.retain(|(k, _)| k != key);
             self.settings.push((key.to_string(), value.to_string()));
         }
         self.write_conf();
-        self.connect()
-            .execute("SELECT pg_reload_conf()", &[])
-            .unwrap();
     }
 
     pub fn connect_to(&self, dbname: &str) -> Client {
