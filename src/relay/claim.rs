@@ -14,6 +14,7 @@ use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
 use pgrx::{PgOid, PgTryBuilder};
 
 use super::encode::{ascii_safe, Event};
+use crate::compat;
 use crate::ring::{self, LEAVES};
 
 /// The schema the extension with oid `oid` lives in, and its installed version.
@@ -478,23 +479,18 @@ fn read_events(table: SpiTupleTable) -> Claimed {
     // connection; nothing has run since, and it lives until the connection ends.
     let (vals, tupdesc) = unsafe {
         let tuptable = pg_sys::SPI_tuptable;
-        if tuptable.is_null()
-            || (*tuptable).numvals as usize != rows
-            || (*(*tuptable).tupdesc).natts as usize != CLAIMED_TYPES.len()
-        {
+        if tuptable.is_null() || (*tuptable).numvals as usize != rows {
             error!("outbox relay: the claim's result is not where SPI left it");
         }
         ((*tuptable).vals, (*tuptable).tupdesc)
     };
-    for (ordinal, expected) in CLAIMED_TYPES.iter().enumerate() {
-        // SAFETY: a valid tuple descriptor, asked about one of its columns by number.
-        let found = unsafe { pg_sys::SPI_gettypeid(tupdesc, ordinal as i32 + 1) };
-        if found != *expected {
-            error!(
-                "outbox relay: the claim's column {} has an unexpected type",
-                ordinal + 1
-            );
-        }
+    // The rows are deformed into arrays of exactly these columns.
+    // SAFETY: the tuple table's descriptor, valid until the SPI connection ends.
+    let types = unsafe { compat::attributes(tupdesc) }
+        .iter()
+        .map(|attribute| attribute.atttypid);
+    if !types.eq(CLAIMED_TYPES) {
+        error!("outbox relay: the claim's columns are not of the expected types");
     }
     // SAFETY: reads the session's database encoding.
     let utf8_database = unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32;
@@ -524,11 +520,11 @@ fn read_events(table: SpiTupleTable) -> Claimed {
                 .map(Some)
                 .map_err(|why| format!("{name} {why}")),
         };
-        let required = |value: Result<Option<String>, String>, name: &str| {
-            value.and_then(|v| v.ok_or_else(|| format!("{name} is null")))
+        let required = |i: usize, name: &str| {
+            text(i, name).and_then(|v| v.ok_or_else(|| format!("{name} is null")))
         };
-        let topic = required(text(1, "topic"), "topic");
-        let payload = required(text(2, "payload"), "payload");
+        let topic = required(1, "topic");
+        let payload = required(2, "payload");
         let key = text(5, "key");
         let headers = text(6, "headers");
         match (topic, payload, key, headers, created_at) {
