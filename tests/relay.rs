@@ -19,6 +19,7 @@ fn count_ids(ids: &[i64]) -> HashMap<i64, usize> {
 /// The partitions' primary keys, and their indexes of unpublished events, for LIKE.
 const PRIMARY_KEYS: &str = "outbox\\_%\\_pkey";
 const UNPUBLISHED_INDEXES: &str = "outbox\\_%\\_id\\_lane\\_idx";
+const RETRY_INDEXES: &str = "outbox\\_%\\_next\\_attempt\\_at\\_idx";
 
 /// Index entries read from the partitions' indexes whose names are `LIKE pattern`, as the
 /// statistics count them.
@@ -728,6 +729,77 @@ fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
     assert!(
         read < 10_000,
         "{read} primary key entries read for 100 events"
+    );
+}
+
+/// Index scans of the partitions' indexes whose names are `LIKE pattern`, as the statistics
+/// count them.
+fn index_scans(client: &mut postgres::Client, pattern: &str) -> i64 {
+    client
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .unwrap();
+    client
+        .query_one(
+            "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes \
+             WHERE indexrelname LIKE $1 \
+               AND relid IN (SELECT inhrelid FROM pg_inherits \
+                             WHERE inhparent = 'outbox'::regclass)",
+            &[&pattern],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// A pass woken by a commit claims a handful of events; while no event in the worker's lanes
+/// has failed, none can be waiting out a retry (only the relay schedules retries, and what it
+/// charged counts as failing until it is out), so its claims do not look through the index of
+/// waiting events, one scan per partition, every pass: once per poll interval, as the poll.
+#[test]
+fn passes_look_for_due_retries_only_while_something_failed() {
+    let redis = Redis::start();
+    let mut pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "10s")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    std::thread::sleep(Duration::from_millis(500));
+    after_the_worker_reports(&mut client);
+    let (fresh, retry) = (
+        index_scans(&mut client, UNPUBLISHED_INDEXES),
+        index_scans(&mut client, RETRY_INDEXES),
+    );
+    for n in 1..=50 {
+        client
+            .batch_execute("SELECT outbox_enqueue('single', '{}')")
+            .unwrap();
+        assert!(wait_until(Duration::from_secs(10), || redis.xlen("single") == n));
+    }
+    after_the_worker_reports(&mut client);
+    let fresh = index_scans(&mut client, UNPUBLISHED_INDEXES) - fresh;
+    let retry = index_scans(&mut client, RETRY_INDEXES) - retry;
+    eprintln!("50 passes: {fresh} scans of the unpublished indexes, {retry} of the retry indexes");
+    assert!(
+        fresh >= 50 * 16,
+        "{fresh} scans of the unpublished indexes: the counts were not reported"
+    );
+    // The reload that makes the worker report wakes it for a pass, which may be the one a poll
+    // interval after the last look.
+    assert!(
+        retry <= 2 * 16,
+        "{retry} scans of the retry indexes in 50 passes with nothing failed"
+    );
+
+    // An event given a retry time by hand (attempts still 0: nothing failed) goes out with the
+    // poll, as a row written by hand does.
+    pg.set(&[("outbox.poll_interval", "500ms")]);
+    std::thread::sleep(Duration::from_millis(500));
+    client
+        .batch_execute(
+            "INSERT INTO outbox (topic, payload, next_attempt_at) \
+             VALUES ('by-hand', '{}', now())",
+        )
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || redis.xlen("by-hand") == 1),
+        "an event due for a retry set by hand was not published"
     );
 }
 

@@ -99,6 +99,7 @@ impl Relay {
             let Claimed {
                 mut events,
                 unreadable,
+                ..
             } = next;
             if !unreadable.is_empty() {
                 self.charge_failures(unreadable);
@@ -208,9 +209,16 @@ impl Relay {
         let above = self.start.above(quiet, &scope.lanes);
         let now = Instant::now();
         let below = self.start.below_due(now, self.settings.poll_interval);
-        let claimed = statements.claim(limit, above, below, scope);
+        let due = scope.failing
+            || self
+                .due_looked_at
+                .is_none_or(|at| now.duration_since(at) >= self.settings.poll_interval);
+        let claimed = statements.claim(limit, above, below, due, scope);
         if above.is_none() || (below && claimed.len() < limit) {
             self.start.looked_below(now);
+        }
+        if claimed.looked_due {
+            self.due_looked_at = Some(now);
         }
         let verdict = self.start.claimed(
             quiet,
@@ -222,7 +230,7 @@ impl Relay {
         match verdict {
             // The rows claimed past the cursor are this transaction's: claimed again with the
             // rest, not skipped.
-            Verdict::Redo => statements.claim(limit, None, false, scope),
+            Verdict::Redo => statements.claim(limit, None, false, due, scope),
             Verdict::Keep => claimed,
         }
     }

@@ -35,6 +35,8 @@ pub fn extension_schema(oid: pg_sys::Oid) -> Option<(String, String)> {
 pub struct Claimed {
     pub events: Vec<Event>,
     pub unreadable: Vec<Failure>,
+    /// The claim looked for events whose retry is due.
+    pub looked_due: bool,
 }
 
 impl Claimed {
@@ -345,13 +347,20 @@ impl Statements {
     }
 
     /// Claims up to `limit` events of the lanes in `scope`, skipping rows other workers hold:
-    /// first those that never failed, in id order, then those whose retry is due.
+    /// first those that never failed, in id order, then, with `due`, those whose retry is due.
     /// Returned in id order.
     ///
     /// With `above`, the events that never failed are looked for past that id first, and, if
     /// there are not enough past it and `below` allows, at or below it; `cursor.rs` says when
     /// that is right.
-    pub fn claim(&self, limit: usize, above: Option<i64>, below: bool, scope: &Scope) -> Claimed {
+    pub fn claim(
+        &self,
+        limit: usize,
+        above: Option<i64>,
+        below: bool,
+        due: bool,
+        scope: &Scope,
+    ) -> Claimed {
         let run = |claim: &Claim, limit: usize, id: Option<i64>| {
             run_claim(claim.for_scope(scope), limit, &scope.lanes, id)
         };
@@ -367,7 +376,8 @@ impl Statements {
                 claimed
             }
         };
-        if claimed.len() < limit {
+        if due && claimed.len() < limit {
+            claimed.looked_due = true;
             let due = run(&self.claim_due, limit - claimed.len(), None);
             if !due.events.is_empty() || !due.unreadable.is_empty() {
                 claimed.events.extend(due.events);
@@ -470,7 +480,7 @@ fn read_events(table: SpiTupleTable) -> Claimed {
     let rows = table.len();
     let mut claimed = Claimed {
         events: Vec::with_capacity(rows),
-        unreadable: Vec::new(),
+        ..Claimed::default()
     };
     if rows == 0 {
         return claimed;

@@ -130,6 +130,12 @@ struct Relay {
     /// Whether an event in this worker's lanes had failed when last looked (see `batch.rs`).
     failing: bool,
     failing_checked_at: Option<Instant>,
+    /// When a claim last looked for events whose retry is due. Only the relay schedules retries,
+    /// and an event it charged counts as failing (`attempts > 0`) until it is out: while
+    /// nothing in its lanes is failing, a pass looks for due events once per
+    /// `outbox.poll_interval`, as the poll would (for a `next_attempt_at` set by hand), rather
+    /// than with every claim (an index scan per partition each time).
+    due_looked_at: Option<Instant>,
     /// When due delayed events were last moved into `outbox`, and whether that move was full.
     moved_at: Option<Instant>,
     moved_full: bool,
@@ -197,6 +203,7 @@ impl Relay {
             retries: RetrySchedule::default(),
             failing: false,
             failing_checked_at: None,
+            due_looked_at: None,
             moved_at: None,
             moved_full: false,
             unflushed: None,
