@@ -188,7 +188,9 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
                 // Before the insert, so that the transaction counts as enqueueing before its
                 // event exists (see `wake.rs`).
                 wake::wake_relay_at_commit();
-                insert::insert_event(schema, topic_datum, payload_datum, extra.as_ref())
+                let id = insert::insert_event(schema, topic_datum, payload_datum, extra.as_ref());
+                wake::wrote(id);
+                id
             }
         };
 

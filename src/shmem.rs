@@ -414,10 +414,15 @@ const ACTIVITY_COUNTERS: usize = 64;
 /// (after their commit became visible, or at their rollback or PREPARE). A relay may claim past
 /// its last batch only while the two counts stayed equal: then no enqueued event can have
 /// become visible below it since (see `relay/cursor.rs`).
+///
+/// Beside them, a count per partition of the ring of the commits that wrote to it: a relay
+/// that found a partition without a claimable event need not look into it again until the
+/// count moves (see `relay/cursor.rs`).
 #[repr(C)]
 pub struct EnqueueActivity {
     started: AtomicU64,
     ended: AtomicU64,
+    commits_to: [AtomicU64; LEAVES],
 }
 
 impl EnqueueActivity {
@@ -425,7 +430,23 @@ impl EnqueueActivity {
         EnqueueActivity {
             started: AtomicU64::new(0),
             ended: AtomicU64::new(0),
+            commits_to: std::array::from_fn(|_| AtomicU64::new(0)),
         }
+    }
+
+    /// A transaction whose commit is visible wrote events to the partitions in `leaves` (a
+    /// bit per partition). Counted before [`EnqueueActivity::end`].
+    pub fn committed_to(&self, leaves: u16) {
+        for (leaf, count) in self.commits_to.iter().enumerate() {
+            if leaves & (1 << leaf) != 0 {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The counts of [`EnqueueActivity::committed_to`], partition by partition.
+    pub fn commits_to(&self) -> [u64; LEAVES] {
+        std::array::from_fn(|leaf| self.commits_to[leaf].load(Ordering::SeqCst))
     }
 
     /// A transaction enqueues for the first time.

@@ -16,10 +16,13 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::backend::{self, BackendLocal};
-use crate::shmem;
+use crate::{ring, shmem};
 
 /// Whether this backend's current transaction wants the relay woken at commit.
 static WAKE_PENDING: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+
+/// The partitions of the ring the current transaction's events went to, a bit each.
+static LEAVES_WRITTEN: BackendLocal<Cell<u16>> = BackendLocal::new(Cell::new(0));
 
 /// Asks for the relay to be woken when the current transaction commits. Cheap enough to call on
 /// every enqueue: after the first call in a transaction it only reads a flag. Call it before
@@ -43,10 +46,19 @@ pub fn wake_relay_at_commit() {
     WAKE_PENDING.get().set(true);
 }
 
-/// `_outbox_wake()`: lets hand-written SQL (redrive) ask for the same wake-up.
+/// Notes that the current transaction wrote event `id`, after [`wake_relay_at_commit`]: its
+/// commit tells the relay which partitions to look into (see `relay/cursor.rs`).
+pub fn wrote(id: i64) {
+    let written = LEAVES_WRITTEN.get();
+    written.set(written.get() | 1 << ring::leaf_of(id));
+}
+
+/// `_outbox_wake()`: lets hand-written SQL (redrive) ask for the same wake-up. What it wrote
+/// may be anywhere in the ring.
 #[pg_extern(sql = false)]
 fn _outbox_wake() {
     wake_relay_at_commit();
+    LEAVES_WRITTEN.get().set(u16::MAX);
 }
 
 #[pg_guard]
@@ -57,10 +69,13 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
         // ended sees its events too.
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT if WAKE_PENDING.get().get() => {
             WAKE_PENDING.get().set(false);
+            let leaves = LEAVES_WRITTEN.get().replace(0);
             if let Some(shared) = shmem::shared() {
                 // SAFETY: reads this backend's database.
                 let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
-                shared.activity(database).end();
+                let activity = shared.activity(database);
+                activity.committed_to(leaves);
+                activity.end();
                 shared.wake_database(database);
             }
         }
@@ -68,6 +83,7 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
             if WAKE_PENDING.get().get() =>
         {
             WAKE_PENDING.get().set(false);
+            LEAVES_WRITTEN.get().set(0);
             if let Some(shared) = shmem::shared() {
                 // SAFETY: reads this backend's database.
                 shared

@@ -438,10 +438,10 @@ fn filenode(client: &mut Client, name: &str) -> u32 {
         .get::<_, postgres::types::Oid>(0)
 }
 
-/// A due partition held only by another relay worker, whose batch is in flight (each claim locks
-/// every partition until its batch commits), is tried again at least every 100 ms, not less and
-/// less often as for a reader that may hold it for long: it is emptied soon after that batch
-/// commits.
+/// A due partition held only by another relay worker, whose batch is in flight (a claim that
+/// reads every partition locks each until its batch commits), is tried again at least every
+/// 100 ms, not less and less often as for a reader that may hold it for long: it is emptied
+/// soon after that batch commits.
 #[test]
 fn a_partition_held_by_another_worker_is_emptied_once_its_batch_commits() {
     let redis = Redis::start();
@@ -469,8 +469,11 @@ fn a_partition_held_by_another_worker_is_emptied_once_its_batch_commits() {
             .arg("WRITE"),
     );
     let paused_at = Instant::now();
+    // A pass woken by an enqueue claims from the partition the commit wrote to alone
+    // (outbox_02 here); `_outbox_wake()`, which `outbox_redrive` calls, has it claim from every
+    // partition.
     client
-        .execute("SELECT outbox_enqueue('held', '{}')", &[])
+        .batch_execute("BEGIN; SELECT outbox_enqueue('held', '{}'); SELECT _outbox_wake(); COMMIT")
         .unwrap();
     std::thread::sleep(pause - Duration::from_millis(200));
     assert_eq!(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 use super::claim::{self, Claimed, Failure, Scope};
-use super::cursor::Verdict;
+use super::cursor::{Reach, Verdict};
 use super::encode::Ordering;
 use super::order::PassOrder;
 use super::publish::{Interrupted, Reply};
@@ -205,17 +205,29 @@ impl Relay {
         let Some(statements) = self.extension.statements() else {
             return Claimed::default();
         };
+        // Before the claim: what commits after it wrote is looked for again.
+        let commits = self.activity.commits_to();
         let quiet = self.activity.quiet();
         let above = self.start.above(quiet, &scope.lanes);
         let now = Instant::now();
         let below = self.start.below_due(now, self.settings.poll_interval);
+        // From the lowest id: in every partition once per poll interval, and while an event
+        // failed (the claim that passes by its key's later events reads them all).
+        let reach = if below || scope.failing {
+            Reach::Everywhere
+        } else {
+            self.start.reach(&commits, &scope.lanes)
+        };
         let due = scope.failing
             || self
                 .due_looked_at
                 .is_none_or(|at| now.duration_since(at) >= self.settings.poll_interval);
-        let claimed = statements.claim(limit, above, below, due, scope);
-        if above.is_none() || (below && claimed.len() < limit) {
+        let claimed = statements.claim(limit, above, below, reach, due, scope);
+        if (above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit) {
             self.start.looked_below(now);
+        }
+        if above.is_none() && claimed.len() < limit {
+            self.start.exhausted(reach, &commits, &scope.lanes);
         }
         if claimed.looked_due {
             self.due_looked_at = Some(now);
@@ -230,7 +242,7 @@ impl Relay {
         match verdict {
             // The rows claimed past the cursor are this transaction's: claimed again with the
             // rest, not skipped.
-            Verdict::Redo => statements.claim(limit, None, false, due, scope),
+            Verdict::Redo => statements.claim(limit, None, false, Reach::Everywhere, due, scope),
             Verdict::Keep => claimed,
         }
     }

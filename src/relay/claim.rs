@@ -13,6 +13,7 @@ use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
 use pgrx::{PgOid, PgTryBuilder};
 
+use super::cursor::Reach;
 use super::encode::{ascii_safe, Event};
 use crate::compat;
 use crate::ring::{self, LEAVES};
@@ -121,6 +122,9 @@ impl Claim {
 pub struct Statements {
     pub extension: pg_sys::Oid,
     claim_fresh: Claim,
+    /// The fresh claim in one partition of the ring, one per partition, plain only (see
+    /// `cursor.rs`).
+    claim_fresh_in: Vec<OwnedPreparedStatement>,
     /// The fresh claim above an id, and below it (see [`Statements::claim`]).
     claim_fresh_above: Claim,
     claim_fresh_below: Claim,
@@ -156,15 +160,22 @@ const CLAIMED_COLUMNS: &str =
 
 /// Prepares a claim in its two forms. `filter` follows `WHERE`, `order` is the `ORDER BY` list;
 /// `$1` is the limit, `$2` and `$3` the worker's lanes, and `$4` (a `bigint`, when `with_id`)
-/// is free.
-fn prepare_claim(schema: &str, filter: &str, order: &str, with_id: bool) -> Claim {
+/// is free. It reads `outbox`, or with `partition` that partition of it alone.
+fn prepare_claim(
+    schema: &str,
+    partition: Option<&str>,
+    filter: &str,
+    order: &str,
+    with_id: bool,
+) -> Claim {
     let mut args = vec![pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID];
     if with_id {
         args.push(pg_sys::INT8OID);
     }
+    let table = partition.unwrap_or("outbox");
     let statement = |guard: &str| {
         format!(
-            "SELECT {CLAIMED_COLUMNS} FROM {schema}.outbox o \
+            "SELECT {CLAIMED_COLUMNS} FROM {schema}.{table} o \
              WHERE {filter} \
                AND o.lane OPERATOR(pg_catalog.>=) $2 AND o.lane OPERATOR(pg_catalog.<) $3{guard} \
              ORDER BY {order} LIMIT $1 FOR UPDATE SKIP LOCKED"
@@ -212,15 +223,23 @@ impl Statements {
             // by id alone, a partition analyzed while its rows were unpublished and planned
             // for while empty was read through its primary key, every published row of it for
             // every claim (`tests/relay.rs`).
-            claim_fresh: prepare_claim(&s, fresh, FRESH_ORDER, false),
+            claim_fresh: prepare_claim(&s, None, fresh, FRESH_ORDER, false),
+            claim_fresh_in: (0..LEAVES)
+                .map(|leaf| {
+                    let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
+                    prepare_claim(&s, Some(&partition), fresh, FRESH_ORDER, false).plain
+                })
+                .collect(),
             claim_fresh_above: prepare_claim(
                 &s,
+                None,
                 &format!("{fresh} AND o.id OPERATOR(pg_catalog.>) $4"),
                 FRESH_ORDER,
                 true,
             ),
             claim_fresh_below: prepare_claim(
                 &s,
+                None,
                 &format!("{fresh} AND o.id OPERATOR(pg_catalog.<=) $4"),
                 FRESH_ORDER,
                 true,
@@ -229,6 +248,7 @@ impl Statements {
             // many wait, only the due ones are read.
             claim_due: prepare_claim(
                 &s,
+                None,
                 "o.published_at IS NULL \
                  AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()",
                 // Among due events of one key only the earliest passes the check above, so
@@ -351,22 +371,28 @@ impl Statements {
     /// Returned in id order.
     ///
     /// With `above`, the events that never failed are looked for past that id first, and, if
-    /// there are not enough past it and `below` allows, at or below it; `cursor.rs` says when
-    /// that is right.
+    /// there are not enough past it and `below` allows, at or below it; without, from the
+    /// lowest id where `reach` says. `cursor.rs` says when each is right.
     pub fn claim(
         &self,
         limit: usize,
         above: Option<i64>,
         below: bool,
+        reach: Reach,
         due: bool,
         scope: &Scope,
     ) -> Claimed {
         let run = |claim: &Claim, limit: usize, id: Option<i64>| {
             run_claim(claim.for_scope(scope), limit, &scope.lanes, id)
         };
-        let mut claimed = match above {
-            None => run(&self.claim_fresh, limit, None),
-            Some(above) => {
+        let mut claimed = match (above, reach) {
+            (None, Reach::Nowhere) => Claimed::default(),
+            // Without the check of failed keys, which the plain form leaves out.
+            (None, Reach::Leaf(leaf)) if !scope.failing => {
+                run_claim(&self.claim_fresh_in[leaf], limit, &scope.lanes, None)
+            }
+            (None, _) => run(&self.claim_fresh, limit, None),
+            (Some(above), _) => {
                 let mut claimed = run(&self.claim_fresh_above, limit, Some(above));
                 if claimed.len() < limit && below {
                     let below = run(&self.claim_fresh_below, limit - claimed.len(), Some(above));
