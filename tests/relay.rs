@@ -810,6 +810,57 @@ fn a_woken_pass_reads_only_the_index_its_commit_wrote_to() {
     );
 }
 
+/// `TRUNCATE outbox` locks the table, then its partitions; a relay pass woken by a commit
+/// claims from one partition. Taking that partition's lock before the table's deadlocked with
+/// the `TRUNCATE` (four times in a minute of the write benchmark, which truncates between runs).
+#[test]
+fn truncating_outbox_while_the_relay_works_never_deadlocks() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "10s")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let mut writer = pg.connect();
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                writer
+                    .batch_execute("SELECT outbox_enqueue('t', '{}')")
+                    .unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let started = Instant::now();
+    let (mut truncated, mut deadlocks) = (0, 0);
+    while started.elapsed() < Duration::from_secs(8) {
+        match client.batch_execute("TRUNCATE outbox") {
+            Ok(()) => truncated += 1,
+            Err(e) if common::sqlstate(&e) == "40P01" => deadlocks += 1,
+            Err(e) => panic!("TRUNCATE failed: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let enqueued = writer.join().unwrap();
+    let log_deadlocks = pg.log().matches("deadlock detected").count();
+    eprintln!(
+        "{truncated} TRUNCATEs beside {enqueued} enqueues: {deadlocks} deadlocked, {log_deadlocks} \
+         deadlocks in the server log"
+    );
+    assert!(
+        enqueued > 1_000,
+        "only {enqueued} enqueues: the relay was hardly woken"
+    );
+    assert_eq!(
+        log_deadlocks, 0,
+        "the relay deadlocked with TRUNCATE outbox"
+    );
+}
+
 /// An event whose transaction took its id before a backlog's and commits in the middle of the
 /// drain sits below the last batch claimed, and must still go out, once: while its transaction
 /// runs, the relay claims from the lowest id.

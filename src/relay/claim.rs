@@ -121,6 +121,9 @@ impl Claim {
 /// The prepared statements of one installation of the extension.
 pub struct Statements {
     pub extension: pg_sys::Oid,
+    /// The partitioned table `outbox`, locked before a claim from one partition (see
+    /// [`Statements::claim`]).
+    table: pg_sys::Oid,
     claim_fresh: Claim,
     /// The fresh claim in one partition of the ring, one per partition, plain only (see
     /// `cursor.rs`).
@@ -215,8 +218,19 @@ impl Statements {
     pub fn prepare(extension: pg_sys::Oid, schema: &str) -> Statements {
         let s = spi::quote_identifier(schema);
         let fresh = "o.published_at IS NULL AND o.next_attempt_at IS NULL";
+        let table = Spi::get_one_with_args::<pg_sys::Oid>(
+            "SELECT c.oid FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+             WHERE n.nspname OPERATOR(pg_catalog.=) $1 \
+               AND c.relname OPERATOR(pg_catalog.=) 'outbox'",
+            &[schema.into()],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| error!("outbox relay: no table outbox in schema {s}"));
         Statements {
             extension,
+            table,
             // Events that never failed, in id order, through the partial index that holds
             // only them; the lanes beside the ids pass by other workers' events in the index.
             // Ordered by (id, lane), which is id order, as only that index gives it: ordered
@@ -387,8 +401,16 @@ impl Statements {
         };
         let mut claimed = match (above, reach) {
             (None, Reach::Nowhere) => Claimed::default(),
-            // Without the check of failed keys, which the plain form leaves out.
+            // Without the check of failed keys, which the plain form leaves out. The table's
+            // lock first, as a claim through it and a `TRUNCATE outbox` take them: taken
+            // partition first, a `TRUNCATE` waiting for the partition with the table's lock
+            // held, and a later statement of this transaction waiting for the table, deadlocked.
             (None, Reach::Leaf(leaf)) if !scope.failing => {
+                // SAFETY: a transaction lock on a relation that exists (an error if it is
+                // gone), inside the worker's transaction.
+                unsafe {
+                    pg_sys::LockRelationOid(self.table, pg_sys::RowShareLock as pg_sys::LOCKMODE)
+                };
                 run_claim(&self.claim_fresh_in[leaf], limit, &scope.lanes, None)
             }
             (None, _) => run(&self.claim_fresh, limit, None),
