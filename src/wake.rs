@@ -24,6 +24,9 @@ static WAKE_PENDING: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(fals
 /// The partitions of the ring the current transaction's events went to, a bit each.
 static LEAVES_WRITTEN: BackendLocal<Cell<u16>> = BackendLocal::new(Cell::new(0));
 
+/// The partitions the current transaction was counted against as about to commit.
+static LEAVES_COMMITTING: BackendLocal<Cell<u16>> = BackendLocal::new(Cell::new(0));
+
 /// Asks for the relay to be woken when the current transaction commits. Cheap enough to call on
 /// every enqueue: after the first call in a transaction it only reads a flag. Call it before
 /// the events are written: the transaction is then counted as enqueueing before any of its
@@ -65,11 +68,26 @@ fn _outbox_wake() {
 unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
     use pg_sys::XactEvent::*;
     match event {
+        // Counted against the partitions it wrote to as it is about to commit, and again once
+        // its events are visible (see `shmem::EnqueueActivity`): a relay that claims from one
+        // partition alone (see `relay/cursor.rs`) never takes a partition between the two
+        // counts for one without an event to claim, so an earlier event of a key, visible and
+        // not yet counted, is never passed by.
+        XACT_EVENT_PRE_COMMIT | XACT_EVENT_PARALLEL_PRE_COMMIT if WAKE_PENDING.get().get() => {
+            let leaves = LEAVES_WRITTEN.get().get();
+            if let Some(shared) = shmem::shared() {
+                // SAFETY: reads this backend's database.
+                let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
+                shared.activity(database).committing_to(leaves);
+                LEAVES_COMMITTING.get().set(leaves);
+            }
+        }
         // Called once the commit is visible to others: a relay that sees the transaction as
         // ended sees its events too.
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT if WAKE_PENDING.get().get() => {
             WAKE_PENDING.get().set(false);
-            let leaves = LEAVES_WRITTEN.get().replace(0);
+            LEAVES_WRITTEN.get().set(0);
+            let leaves = LEAVES_COMMITTING.get().replace(0);
             if let Some(shared) = shmem::shared() {
                 // SAFETY: reads this backend's database.
                 let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
@@ -84,11 +102,13 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
         {
             WAKE_PENDING.get().set(false);
             LEAVES_WRITTEN.get().set(0);
+            // An abort after the first count: the second, so that the counts agree again.
+            let leaves = LEAVES_COMMITTING.get().replace(0);
             if let Some(shared) = shmem::shared() {
                 // SAFETY: reads this backend's database.
-                shared
-                    .activity(unsafe { pg_sys::MyDatabaseId.to_u32() })
-                    .end();
+                let activity = shared.activity(unsafe { pg_sys::MyDatabaseId.to_u32() });
+                activity.committed_to(leaves);
+                activity.end();
             }
         }
         _ => {}

@@ -587,6 +587,105 @@ fn a_rejected_event_holds_back_only_its_own_key() {
     assert_eq!(broken, [r#"{"n": 0}"#, r#"{"n": 10}"#, r#"{"n": 11}"#]);
 }
 
+/// Once a rejected event goes out (or to `outbox_dead`), the later events of its key, which the
+/// claims passed by while it failed, follow at once: no commit wakes the relay for them, and
+/// the poll is 10 s away here.
+#[test]
+fn the_events_behind_a_rejected_one_follow_it_at_once() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "10s")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    redis.query::<()>(redis::cmd("SET").arg("broken").arg("x"));
+    client
+        .batch_execute("SELECT outbox_enqueue('broken', '{}', 'k')")
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            client
+                .query_one("SELECT count(*) FROM outbox WHERE attempts = 1", &[])
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        }),
+        "the event was not rejected"
+    );
+    client
+        .batch_execute("SELECT outbox_enqueue('orders', '{}', 'k')")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(redis.xlen("orders"), 0, "the later event did not wait");
+    // The retry, a second after the rejection, finds the stream key free.
+    redis.query::<()>(redis::cmd("DEL").arg("broken"));
+    assert!(
+        wait_until(Duration::from_secs(5), || redis.xlen("broken") == 1),
+        "the rejected event was not retried"
+    );
+    let retried = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(15), || redis.xlen("orders") == 1),
+        "the later event never went out"
+    );
+    let after = retried.elapsed();
+    eprintln!("the later event followed {} ms after", after.as_millis());
+    assert!(
+        after < Duration::from_secs(2),
+        "the later event followed {after:?} after the retried one"
+    );
+}
+
+/// A `COMMIT PREPARED` makes an event visible without the counts of commits per partition by
+/// which a pass woken by a commit reads that commit's partition alone (see `cursor.rs`). With
+/// prepared transactions enabled, a later event of its key in another partition still goes out
+/// after it, and at once, not at the poll.
+#[test]
+fn an_event_committed_prepared_keeps_its_place_in_its_key() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.poll_interval", "10s"),
+            ("max_prepared_transactions", "5"),
+            // A transaction that notified cannot be prepared.
+            ("outbox.notify_channel", ""),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    // The prepared event takes the last id of outbox_01's run; the later ones go to outbox_02.
+    client
+        .batch_execute("SELECT setval('outbox_id_seq', 131070)")
+        .unwrap();
+    let mut preparer = pg.connect();
+    preparer
+        .batch_execute(
+            "BEGIN; SELECT outbox_enqueue('orders', '{\"n\": 1}', 'k'); \
+             PREPARE TRANSACTION 'first'",
+        )
+        .unwrap();
+    // A pass for outbox_02 alone, which leaves it looked into.
+    client
+        .batch_execute("SELECT outbox_enqueue('warm', '{}')")
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || redis.xlen("warm") == 1));
+    std::thread::sleep(Duration::from_millis(200));
+    client.batch_execute("COMMIT PREPARED 'first'").unwrap();
+    client
+        .batch_execute("SELECT outbox_enqueue('orders', '{\"n\": 2}', 'k')")
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || redis.xlen("orders") == 2),
+        "{} of the key's 2 events went out before the poll",
+        redis.xlen("orders")
+    );
+    let order: Vec<String> = redis
+        .entries("orders")
+        .into_iter()
+        .map(|(_, f)| f["payload"].clone())
+        .collect();
+    assert_eq!(order, [r#"{"n": 1}"#, r#"{"n": 2}"#]);
+}
+
 /// A table changed by hand takes a plain INSERT instead of the fast path: the key, the headers
 /// and the lane are written the same way; a delayed event goes to outbox_delayed as always.
 #[test]

@@ -93,6 +93,8 @@ impl Relay {
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
         let mut order = PassOrder::default();
+        // Whether an event that had failed went out or to outbox_dead in this pass.
+        let mut released = false;
         while next.len() > 0 {
             let got = next.len();
             claimed += got;
@@ -102,7 +104,7 @@ impl Relay {
                 ..
             } = next;
             if !unreadable.is_empty() {
-                self.charge_failures(unreadable);
+                released |= self.charge_failures(unreadable);
             }
             order.admit(&mut events);
             let sent: Vec<(i64, String, i32, Option<String>)> = events
@@ -155,6 +157,10 @@ impl Relay {
                 .iter()
                 .fold(0, |leaves, (id, ..)| leaves | 1 << ring::leaf_of(*id));
             let published = sent.len();
+            let retried_out = sent
+                .iter()
+                .zip(&results)
+                .any(|((_, _, attempts, _), result)| *attempts > 0 && result.is_ok());
             let failures: Vec<Failure> = sent
                 .into_iter()
                 .zip(results)
@@ -177,12 +183,14 @@ impl Relay {
                 })
                 .collect();
             batch.published += (published - failures.len()) as u64;
+            // An event that had failed is out: its key's later events may go.
+            released |= retried_out;
             if !failures.is_empty() {
                 scope.failing = true;
                 self.failing = true;
                 // Unmarked, and scheduled for later: the claims left in this transaction pass
                 // them by.
-                self.charge_failures(failures);
+                released |= self.charge_failures(failures);
             }
         }
         if order.deferred() {
@@ -194,6 +202,10 @@ impl Relay {
         } else if order.deferred() && batch.published > 0 {
             // Events held back for going to another stream than their key's earlier ones: the
             // next pass sends them, at once rather than at the next wake-up.
+            batch.pass = Pass::Full;
+        } else if released {
+            // The claims passed by the later events of the keys of failed events; with those
+            // out of the way, the next pass claims them, at once rather than at the poll.
             batch.pass = Pass::Full;
         }
         batch
@@ -211,9 +223,10 @@ impl Relay {
         let above = self.start.above(quiet, &scope.lanes);
         let now = Instant::now();
         let below = self.start.below_due(now, self.settings.poll_interval);
-        // From the lowest id: in every partition once per poll interval, and while an event
-        // failed (the claim that passes by its key's later events reads them all).
-        let reach = if below || scope.failing {
+        // From the lowest id: in every partition once per poll interval, while an event failed
+        // (the claim that passes by its key's later events reads them all), and where a
+        // `COMMIT PREPARED` may make events visible that no commit counted.
+        let reach = if below || scope.failing || self.two_phase {
             Reach::Everywhere
         } else {
             self.start.reach(&commits, &scope.lanes)
@@ -226,7 +239,9 @@ impl Relay {
         if (above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit) {
             self.start.looked_below(now);
         }
-        if above.is_none() && claimed.len() < limit {
+        // A claim that passed by the events behind a failed key found too few only for now:
+        // once that key's event is out, they are claimable where no commit has written since.
+        if above.is_none() && claimed.len() < limit && !scope.failing {
             self.start.exhausted(reach, &commits, &scope.lanes);
         }
         if claimed.looked_due {
@@ -292,9 +307,9 @@ impl Relay {
 
     /// Takes the mark back from each event that failed, charges it an attempt and schedules its
     /// retry; buries those out of attempts, and those that retrying cannot help.
-    fn charge_failures(&mut self, failures: Vec<Failure>) {
+    fn charge_failures(&mut self, failures: Vec<Failure>) -> bool {
         let Some(statements) = self.extension.statements() else {
-            return;
+            return false;
         };
         let charges: Vec<(i64, String, Duration)> = failures
             .iter()
@@ -336,10 +351,12 @@ impl Relay {
             }
             last_error = Some(error);
         }
-        if !exhausted.is_empty() {
+        let buried = !exhausted.is_empty();
+        if buried {
             statements.bury(exhausted);
         }
         self.slot.set_error(last_error.as_deref(), worker::now());
+        buried
     }
 }
 

@@ -34,6 +34,24 @@ use std::time::{Duration, Instant};
 
 use crate::ring::LEAVES;
 
+/// How long an idle worker may wait, at most `wait`, so as to make each look due once per
+/// `poll_interval` from the last one (`looks`: when each was last made) in time, however many
+/// passes woken by commits came between. A look overdue is left to the wait: the pass just made
+/// could not make it (another worker still held the lanes), and retrying at once would spin.
+pub fn until_next_look(
+    wait: Duration,
+    now: Instant,
+    poll_interval: Duration,
+    looks: &[Option<Instant>],
+) -> Duration {
+    looks
+        .iter()
+        .flatten()
+        .map(|at| poll_interval.saturating_sub(now.saturating_duration_since(*at)))
+        .filter(|left| !left.is_zero())
+        .fold(wait, Duration::min)
+}
+
 /// The last claim's reach, while it may be claimed past.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Cursor {
@@ -48,7 +66,8 @@ struct Cursor {
 /// The partitions a claim from the lowest id found without a claimable event, in some lanes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Settled {
-    /// Per partition, the count of commits to it read before that claim.
+    /// Per partition, the count of commits to it read before that claim; `None` where a commit
+    /// was between its two counts then, which keeps the partition to be looked into.
     at: [Option<u64>; LEAVES],
     lanes: Range<i16>,
 }
@@ -130,6 +149,11 @@ impl ClaimStart {
             .is_none_or(|at| now.saturating_duration_since(at) >= poll_interval)
     }
 
+    /// When a claim last looked at the lowest ids in every partition.
+    pub fn looked_below_at(&self) -> Option<Instant> {
+        self.looked_below_at
+    }
+
     /// Takes note that a claim looked at the lowest ids at `now`.
     pub fn looked_below(&mut self, now: Instant) {
         self.looked_below_at = Some(now);
@@ -137,11 +161,17 @@ impl ClaimStart {
 
     /// Where a claim from the lowest id in `lanes` must look, given the counts of commits to
     /// each partition read just before it.
-    pub fn reach(&self, commits: &[u64; LEAVES], lanes: &Range<i16>) -> Reach {
-        let Some(settled) = self.settled.as_ref().filter(|s| s.lanes == *lanes) else {
+    pub fn reach(&mut self, commits: &[Option<u64>; LEAVES], lanes: &Range<i16>) -> Reach {
+        if self.settled.as_ref().is_some_and(|s| s.lanes != *lanes) {
+            // What was settled in other lanes says nothing of these, nor of those lanes once
+            // another worker has had them.
+            self.settled = None;
+        }
+        let Some(settled) = self.settled.as_ref() else {
             return Reach::Everywhere;
         };
-        let mut moved = (0..LEAVES).filter(|&leaf| settled.at[leaf] != Some(commits[leaf]));
+        let mut moved = (0..LEAVES)
+            .filter(|&leaf| settled.at[leaf].is_none() || settled.at[leaf] != commits[leaf]);
         match (moved.next(), moved.next()) {
             (None, _) => Reach::Nowhere,
             (Some(leaf), None) => Reach::Leaf(leaf),
@@ -152,17 +182,17 @@ impl ClaimStart {
     /// Takes note of a claim from the lowest id in `lanes` that looked where `reach` says and
     /// found fewer events than it asked for, `commits` being the counts read before it: where
     /// it looked holds no event the relay can claim until a commit writes there.
-    pub fn exhausted(&mut self, reach: Reach, commits: &[u64; LEAVES], lanes: &Range<i16>) {
+    pub fn exhausted(&mut self, reach: Reach, commits: &[Option<u64>; LEAVES], lanes: &Range<i16>) {
         match reach {
             Reach::Everywhere => {
                 self.settled = Some(Settled {
-                    at: commits.map(Some),
+                    at: *commits,
                     lanes: lanes.clone(),
                 });
             }
             Reach::Leaf(leaf) => {
                 if let Some(settled) = self.settled.as_mut().filter(|s| s.lanes == *lanes) {
-                    settled.at[leaf] = Some(commits[leaf]);
+                    settled.at[leaf] = commits[leaf];
                 }
             }
             Reach::Nowhere => {}
@@ -182,7 +212,7 @@ impl ClaimStart {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{ClaimStart, Reach, Verdict};
+    use super::{until_next_look, ClaimStart, Reach, Verdict};
     use crate::ring::LEAVES;
 
     const LANES: std::ops::Range<i16> = 0..1024;
@@ -260,40 +290,87 @@ mod tests {
     #[test]
     fn a_claim_from_the_lowest_id_looks_only_where_commits_wrote_since_it_found_too_few() {
         let mut start = ClaimStart::default();
-        let mut commits = [5; LEAVES];
+        let mut commits = [Some(5); LEAVES];
         // Nothing known yet.
         assert_eq!(start.reach(&commits, &LANES), Reach::Everywhere);
         start.exhausted(Reach::Everywhere, &commits, &LANES);
         assert_eq!(start.reach(&commits, &LANES), Reach::Nowhere);
-        commits[3] += 1;
+        commits[3] = Some(6);
         assert_eq!(start.reach(&commits, &LANES), Reach::Leaf(3));
         let before = commits;
         // A commit lands during the claim that found too few: still to look into.
-        commits[3] += 1;
+        commits[3] = Some(7);
         start.exhausted(Reach::Leaf(3), &before, &LANES);
         assert_eq!(start.reach(&commits, &LANES), Reach::Leaf(3));
         start.exhausted(Reach::Leaf(3), &commits, &LANES);
         assert_eq!(start.reach(&commits, &LANES), Reach::Nowhere);
         // Two partitions written to: every partition, as the claim cannot merge them.
-        commits[3] += 1;
-        commits[4] += 1;
+        commits[3] = Some(8);
+        commits[4] = Some(6);
         assert_eq!(start.reach(&commits, &LANES), Reach::Everywhere);
         start.exhausted(Reach::Everywhere, &commits, &LANES);
         assert_eq!(start.reach(&commits, &LANES), Reach::Nowhere);
     }
 
     #[test]
-    fn settled_partitions_are_forgotten_with_the_cursor_and_belong_to_their_lanes() {
+    fn a_partition_read_while_a_commit_was_between_its_counts_stays_to_look_into() {
         let mut start = ClaimStart::default();
-        let commits = [0; LEAVES];
+        let mut commits = [Some(5); LEAVES];
+        commits[2] = None;
         start.exhausted(Reach::Everywhere, &commits, &LANES);
-        // Other lanes (the shares moved): their events may be anywhere.
-        assert_eq!(start.reach(&commits, &(0..512)), Reach::Everywhere);
-        start.exhausted(Reach::Leaf(2), &commits, &(0..512));
-        assert_eq!(start.reach(&commits, &(0..512)), Reach::Everywhere);
+        assert_eq!(start.reach(&commits, &LANES), Reach::Leaf(2));
+        // Its events became visible after the claim: whatever the count now, it is looked into
+        // until a claim finds it settled with no commit between counts.
+        commits[2] = Some(6);
+        assert_eq!(start.reach(&commits, &LANES), Reach::Leaf(2));
+        start.exhausted(Reach::Leaf(2), &commits, &LANES);
         assert_eq!(start.reach(&commits, &LANES), Reach::Nowhere);
+        // A commit between its counts in another partition: both are looked into.
+        commits[9] = None;
+        commits[2] = Some(7);
+        assert_eq!(start.reach(&commits, &LANES), Reach::Everywhere);
+    }
+
+    #[test]
+    fn settled_partitions_are_forgotten_with_the_cursor_and_with_other_lanes() {
+        let mut start = ClaimStart::default();
+        let commits = [Some(0); LEAVES];
+        start.exhausted(Reach::Everywhere, &commits, &LANES);
+        assert_eq!(start.reach(&commits, &LANES), Reach::Nowhere);
+        // Other lanes (the shares moved): their events may be anywhere, and once back, so may
+        // these lanes' (another worker had them meanwhile).
+        assert_eq!(start.reach(&commits, &(0..512)), Reach::Everywhere);
+        assert_eq!(start.reach(&commits, &LANES), Reach::Everywhere);
+        start.exhausted(Reach::Everywhere, &commits, &LANES);
         start.forget();
         assert_eq!(start.reach(&commits, &LANES), Reach::Everywhere);
+    }
+
+    #[test]
+    fn an_idle_wait_ends_when_a_look_comes_due() {
+        let (t0, poll) = (Instant::now(), Duration::from_secs(1));
+        let ms = Duration::from_millis;
+        // Looked 900 ms ago: due in 100 ms, not a poll interval after the last pass.
+        assert_eq!(
+            until_next_look(poll, t0, poll, &[Some(t0 - ms(900))]),
+            ms(100)
+        );
+        // The soonest of two looks.
+        assert_eq!(
+            until_next_look(poll, t0, poll, &[Some(t0 - ms(300)), Some(t0 - ms(600))]),
+            ms(400)
+        );
+        // Never made, or overdue: the wait as it was.
+        assert_eq!(until_next_look(ms(700), t0, poll, &[None]), ms(700));
+        assert_eq!(
+            until_next_look(ms(700), t0, poll, &[Some(t0 - ms(1500))]),
+            ms(700)
+        );
+        // A shorter wait stays.
+        assert_eq!(
+            until_next_look(ms(50), t0, poll, &[Some(t0 - ms(900))]),
+            ms(50)
+        );
     }
 
     #[test]

@@ -136,6 +136,9 @@ struct Relay {
     /// `outbox.poll_interval`, as the poll would (for a `next_attempt_at` set by hand), rather
     /// than with every claim (an index scan per partition each time).
     due_looked_at: Option<Instant>,
+    /// Whether a `COMMIT PREPARED` can make events visible (see `cursor.rs`): then every claim
+    /// from the lowest id reads every partition.
+    two_phase: bool,
     /// When due delayed events were last moved into `outbox`, and whether that move was full.
     moved_at: Option<Instant>,
     moved_full: bool,
@@ -204,6 +207,7 @@ impl Relay {
             failing: false,
             failing_checked_at: None,
             due_looked_at: None,
+            two_phase: worker::two_phase_commit_enabled(),
             moved_at: None,
             moved_full: false,
             unflushed: None,
@@ -248,6 +252,15 @@ impl Relay {
                     let mut wait = self
                         .retries
                         .wait(Instant::now(), self.settings.poll_interval);
+                    // Awake for the next look into every partition, and for events whose
+                    // retry is due, once per poll interval from the last, whatever passes
+                    // commits woke meanwhile.
+                    wait = cursor::until_next_look(
+                        wait,
+                        Instant::now(),
+                        self.settings.poll_interval,
+                        &[self.start.looked_below_at(), self.due_looked_at],
+                    );
                     // Awake when a partition comes due, to empty it then.
                     if let Some(retention) = self.settings.retention {
                         if let Some(due_in) = truncate::wait_for_due(self.share, retention) {

@@ -80,6 +80,20 @@ pub fn wait_latch(timeout: Duration) -> bool {
     }
 }
 
+/// Whether transactions can be prepared (`max_prepared_transactions` > 0): a `COMMIT PREPARED`
+/// makes events visible without the commit callbacks of the session that wrote them.
+pub fn two_phase_commit_enabled() -> bool {
+    // SAFETY: reads a server setting by name; the string stays valid until settings change.
+    let value =
+        unsafe { pg_sys::GetConfigOption(c"max_prepared_transactions".as_ptr(), true, false) };
+    if value.is_null() {
+        return true;
+    }
+    // SAFETY: a NUL-terminated string PostgreSQL keeps.
+    let value = unsafe { std::ffi::CStr::from_ptr(value) };
+    value.to_str().ok().and_then(|v| v.parse::<i64>().ok()) != Some(0)
+}
+
 /// Exits the process if the postmaster has died, without waiting.
 pub fn exit_if_postmaster_died() {
     // SAFETY: a zero-timeout wait whose only event is postmaster death; the latch is untouched.
