@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 use super::claim::{self, Claimed, Failure, Scope};
-use super::cursor::{Reach, Verdict};
+use super::cursor::{self, Reach, Verdict};
 use super::encode::Ordering;
 use super::order::PassOrder;
 use super::publish::{Interrupted, Reply};
@@ -65,8 +65,13 @@ impl Relay {
     pub(super) fn relay_batch(&mut self) -> Batch {
         let batch_size = self.settings.batch_size;
         let chunk = chunk_size(batch_size);
-        if self.extension.find(self.index).is_none() {
+        let Some(extension) = self.extension.find(self.index).map(|s| s.extension) else {
             return Batch::nothing(Pass::NoExtension);
+        };
+        if self.claiming_in != Some(extension) {
+            // Another installation of the extension, another table: nothing known of it.
+            self.start.forget();
+            self.claiming_in = Some(extension);
         }
         let Some(mut scope) = self.scope() else {
             // A worker whose share this was is finishing its batch: wait for it.
@@ -236,6 +241,20 @@ impl Relay {
                 .due_looked_at
                 .is_none_or(|at| now.duration_since(at) >= self.settings.poll_interval);
         let claimed = statements.claim(limit, above, below, reach, due, scope);
+        if let Reach::Leaf(leaf) = reach {
+            // Its snapshot was taken after the counts were read: a commit counted since in
+            // another partition may be visible to it, and hold an earlier event of a key whose
+            // later one it took. Claimed again from every partition, this transaction's rows
+            // with the rest.
+            if cursor::moved_elsewhere(&commits, &self.activity.commits_to(), leaf) {
+                self.start.forget();
+                let claimed = statements.claim(limit, None, false, Reach::Everywhere, due, scope);
+                if claimed.looked_due {
+                    self.due_looked_at = Some(now);
+                }
+                return claimed;
+            }
+        }
         if (above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit) {
             self.start.looked_below(now);
         }
@@ -269,6 +288,11 @@ impl Relay {
     fn scope(&mut self) -> Option<Scope> {
         let (ordinal, workers) = self.ordinal();
         let share = lane::share(ordinal, workers);
+        if self.lanes.as_ref() != Some(&share.lanes) {
+            // Another worker may have had these lanes meanwhile, and left events anywhere.
+            self.start.forget();
+            self.lanes = Some(share.lanes.clone());
+        }
         if !claim::hold_groups(share.groups.clone()) {
             return None;
         }

@@ -49,7 +49,21 @@ pub fn until_next_look(
         .flatten()
         .map(|at| poll_interval.saturating_sub(now.saturating_duration_since(*at)))
         .filter(|left| !left.is_zero())
+        // Whole milliseconds, rounded up, as the latch waits: rounded down, the worker would
+        // wake before the look is due and wait again for nothing, 0 ms at a time.
+        .map(|left| Duration::from_millis(left.as_micros().div_ceil(1000) as u64))
         .fold(wait, Duration::min)
+}
+
+/// Whether a partition other than `leaf` was counted between `before` and `after` (or was
+/// between its two counts at either moment): then a claim from `leaf` alone made in between may
+/// have seen another partition's events that no count told it about.
+pub fn moved_elsewhere(
+    before: &[Option<u64>; LEAVES],
+    after: &[Option<u64>; LEAVES],
+    leaf: usize,
+) -> bool {
+    (0..LEAVES).any(|l| l != leaf && (before[l].is_none() || before[l] != after[l]))
 }
 
 /// The last claim's reach, while it may be claimed past.
@@ -212,7 +226,7 @@ impl ClaimStart {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{until_next_look, ClaimStart, Reach, Verdict};
+    use super::{moved_elsewhere, until_next_look, ClaimStart, Reach, Verdict};
     use crate::ring::LEAVES;
 
     const LANES: std::ops::Range<i16> = 0..1024;
@@ -355,6 +369,12 @@ mod tests {
             until_next_look(poll, t0, poll, &[Some(t0 - ms(900))]),
             ms(100)
         );
+        // Rounded up to the millisecond the latch can wait.
+        let us = Duration::from_micros;
+        assert_eq!(
+            until_next_look(poll, t0, poll, &[Some(t0 - us(999_700))]),
+            ms(1)
+        );
         // The soonest of two looks.
         assert_eq!(
             until_next_look(poll, t0, poll, &[Some(t0 - ms(300)), Some(t0 - ms(600))]),
@@ -371,6 +391,20 @@ mod tests {
             until_next_look(ms(50), t0, poll, &[Some(t0 - ms(900))]),
             ms(50)
         );
+    }
+
+    #[test]
+    fn a_claim_from_one_partition_is_redone_when_another_was_counted_meanwhile() {
+        let before = [Some(4); LEAVES];
+        let mut after = before;
+        assert!(!moved_elsewhere(&before, &after, 3));
+        // Its own partition counted again: nothing it could not have seen.
+        after[3] = Some(5);
+        assert!(!moved_elsewhere(&before, &after, 3));
+        after[7] = Some(5);
+        assert!(moved_elsewhere(&before, &after, 3));
+        after[7] = None;
+        assert!(moved_elsewhere(&before, &after, 3));
     }
 
     #[test]

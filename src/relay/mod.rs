@@ -139,6 +139,10 @@ struct Relay {
     /// Whether a `COMMIT PREPARED` can make events visible (see `cursor.rs`): then every claim
     /// from the lowest id reads every partition.
     two_phase: bool,
+    /// The extension the last pass claimed in, and the lanes of this worker's share then: what
+    /// `start` knows holds for them alone.
+    claiming_in: Option<pg_sys::Oid>,
+    lanes: Option<std::ops::Range<i16>>,
     /// When due delayed events were last moved into `outbox`, and whether that move was full.
     moved_at: Option<Instant>,
     moved_full: bool,
@@ -208,6 +212,8 @@ impl Relay {
             failing_checked_at: None,
             due_looked_at: None,
             two_phase: worker::two_phase_commit_enabled(),
+            claiming_in: None,
+            lanes: None,
             moved_at: None,
             moved_full: false,
             unflushed: None,
