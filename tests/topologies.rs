@@ -308,9 +308,20 @@ fn tls_with_the_tests_ca_publishes_and_refuses_what_it_cannot_verify() {
         worker_state(&pg)
     );
 
-    // A CA that did not sign the server's certificate.
+    // A CA that did not sign the server's certificate. The event goes in once the worker has
+    // taken the setting: woken by its commit before the reload reached it, the worker published
+    // it over the connection it had, verified with the right CA (seen once on PostgreSQL 16).
     let other_ca = other.file("ca.crt");
+    let reloads = pg.log().matches("reloaded:").count();
     pg.set(&[("outbox.redis_tls_ca_file", other_ca.as_str())]);
+    assert!(
+        wait_until(Duration::from_secs(10), || pg
+            .log()
+            .matches("reloaded:")
+            .count()
+            > reloads),
+        "the worker did not reload"
+    );
     expected.extend(enqueue_many(&mut client, "orders", 1));
     let error = backoff_with(&pg, "certificate");
     eprintln!("another CA: {error}");
