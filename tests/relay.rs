@@ -24,19 +24,43 @@ const RETRY_INDEXES: &str = "outbox\\_%\\_next\\_attempt\\_at\\_idx";
 /// Index entries read from the partitions' indexes whose names are `LIKE pattern`, as the
 /// statistics count them.
 fn index_entries_read(client: &mut postgres::Client, pattern: &str) -> i64 {
+    index_statistic(client, "idx_tup_read", pattern)
+}
+
+/// Index scans of the partitions' indexes whose names are `LIKE pattern`.
+fn index_scans(client: &mut postgres::Client, pattern: &str) -> i64 {
+    index_statistic(client, "idx_scan", pattern)
+}
+
+/// The sum of a column of `pg_stat_user_indexes` over the partitions' indexes whose names are
+/// `LIKE pattern`.
+fn index_statistic(client: &mut postgres::Client, column: &str, pattern: &str) -> i64 {
     client
         .batch_execute("SELECT pg_stat_clear_snapshot()")
         .unwrap();
     client
         .query_one(
-            "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes \
-             WHERE indexrelname LIKE $1 \
-               AND relid IN (SELECT inhrelid FROM pg_inherits \
-                             WHERE inhparent = 'outbox'::regclass)",
+            &format!(
+                "SELECT coalesce(sum({column}), 0)::bigint FROM pg_stat_user_indexes \
+                 WHERE indexrelname LIKE $1 \
+                   AND relid IN (SELECT inhrelid FROM pg_inherits \
+                                 WHERE inhparent = 'outbox'::regclass)"
+            ),
             &[&pattern],
         )
         .unwrap()
         .get(0)
+}
+
+/// Enqueues `n` events to `topic`, each in its own transaction once the one before is in its
+/// stream: each takes a pass of its own.
+fn enqueue_one_pass_each(client: &mut postgres::Client, redis: &Redis, topic: &str, n: usize) {
+    for i in 1..=n {
+        client
+            .batch_execute(&format!("SELECT outbox_enqueue('{topic}', '{{}}')"))
+            .unwrap();
+        assert!(wait_until(Duration::from_secs(10), || redis.xlen(topic) == i));
+    }
 }
 
 /// Returns once the worker has reported the counts of its passes so far: it reports after a
@@ -711,12 +735,7 @@ fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
     after_the_worker_reports(&mut client);
     let before = index_entries_read(&mut client, PRIMARY_KEYS);
     // Each event its own transaction: each pass claims from the lowest id.
-    for n in 1..=100 {
-        client
-            .batch_execute("SELECT outbox_enqueue('single', '{}')")
-            .unwrap();
-        assert!(wait_until(Duration::from_secs(10), || redis.xlen("single") == n));
-    }
+    enqueue_one_pass_each(&mut client, &redis, "single", 100);
     after_the_worker_reports(&mut client);
     // Marking reads one entry per event; a claim through the primary key reads the 30,000
     // published rows.
@@ -730,24 +749,6 @@ fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
         read < 10_000,
         "{read} primary key entries read for 100 events"
     );
-}
-
-/// Index scans of the partitions' indexes whose names are `LIKE pattern`, as the statistics
-/// count them.
-fn index_scans(client: &mut postgres::Client, pattern: &str) -> i64 {
-    client
-        .batch_execute("SELECT pg_stat_clear_snapshot()")
-        .unwrap();
-    client
-        .query_one(
-            "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes \
-             WHERE indexrelname LIKE $1 \
-               AND relid IN (SELECT inhrelid FROM pg_inherits \
-                             WHERE inhparent = 'outbox'::regclass)",
-            &[&pattern],
-        )
-        .unwrap()
-        .get(0)
 }
 
 /// A pass woken by a commit claims a handful of events, all in the partition the commit wrote
@@ -768,12 +769,7 @@ fn a_woken_pass_reads_only_the_index_its_commit_wrote_to() {
         index_scans(&mut client, UNPUBLISHED_INDEXES),
         index_scans(&mut client, RETRY_INDEXES),
     );
-    for n in 1..=50 {
-        client
-            .batch_execute("SELECT outbox_enqueue('single', '{}')")
-            .unwrap();
-        assert!(wait_until(Duration::from_secs(10), || redis.xlen("single") == n));
-    }
+    enqueue_one_pass_each(&mut client, &redis, "single", 50);
     after_the_worker_reports(&mut client);
     let fresh = index_scans(&mut client, UNPUBLISHED_INDEXES) - fresh;
     let retry = index_scans(&mut client, RETRY_INDEXES) - retry;
