@@ -406,8 +406,9 @@ impl Statements {
             // partition first, a `TRUNCATE` waiting for the partition with the table's lock
             // held, and a later statement of this transaction waiting for the table, deadlocked.
             (None, Reach::Leaf(leaf)) if !scope.failing => {
-                // SAFETY: a transaction lock on a relation that exists (an error if it is
-                // gone), inside the worker's transaction.
+                // SAFETY: a transaction lock by OID, inside the worker's transaction; an OID
+                // whose table is gone (the extension dropped since `find` last looked) is
+                // locked without effect, and the claim's own statement then fails.
                 unsafe {
                     pg_sys::LockRelationOid(self.table, pg_sys::RowShareLock as pg_sys::LOCKMODE)
                 };

@@ -14,20 +14,21 @@
 //! claimed again from the lowest id. Rows written without `outbox_enqueue` (a hand-written
 //! `INSERT`, a `COMMIT PREPARED`) are not counted: a claim past the cursor that finds too few
 //! events looks below it too, at most once per `outbox.poll_interval`, as the poll would.
-
 //!
 //! A claim from the lowest id reads the index of unpublished events in every partition of the
 //! ring, one index scan each, where a pass woken by a commit finds its handful of events in one
 //! of them (a profile of the relay at 8,000 commits/s put starting those scans at 11% of its
 //! time). So each commit that enqueued counts itself against the partitions it wrote to
-//! (`shmem::EnqueueActivity`), once it is visible; a claim from the lowest id that found fewer
-//! events than it asked for leaves the partitions it read settled at the counts read before it.
-//! The next claim from the lowest id reads only the partitions whose count moved since: one of
-//! them through that partition alone, none at all, or, with more, all as before. What reaches a
-//! partition without such a commit (a hand-written `INSERT`, a `COMMIT PREPARED`, a row another
-//! session kept locked, the relay's own batch rolled back or held back) is found by a claim from
-//! the lowest id in every partition at least once per `outbox.poll_interval`, or at once
-//! where the relay knows of it ([`ClaimStart::forget`]).
+//! (`shmem::EnqueueActivity`), as it is about to commit and again once it is visible; a claim
+//! from the lowest id that found fewer events than it asked for leaves the partitions it read
+//! settled at the counts read before it, where no commit was between its two counts. The next
+//! claim from the lowest id reads only the partitions whose count moved since: one of them
+//! through that partition alone (and again from all, should another move meanwhile), none at
+//! all, or, with more, all as before. What reaches a partition without such a commit (a
+//! hand-written `INSERT`, a row another session kept locked, the relay's own batch rolled back
+//! or held back) is found by a claim from the lowest id in every partition at least once per
+//! `outbox.poll_interval`, or at once where the relay knows of it ([`ClaimStart::forget`]);
+//! where a `COMMIT PREPARED` could make events visible, every such claim reads every partition.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
