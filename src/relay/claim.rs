@@ -161,36 +161,35 @@ const CLAIMED_COLUMNS: &str =
     "o.id, o.topic, o.payload::pg_catalog.text, o.created_at, o.attempts, \
                                o.key, o.headers::pg_catalog.text";
 
-/// Prepares a claim in its two forms. `filter` follows `WHERE`, `order` is the `ORDER BY` list;
-/// `$1` is the limit, `$2` and `$3` the worker's lanes, and `$4` (a `bigint`, when `with_id`)
-/// is free. It reads `outbox`, or with `partition` that partition of it alone.
-fn prepare_claim(
-    schema: &str,
-    partition: Option<&str>,
-    filter: &str,
-    order: &str,
-    with_id: bool,
-) -> Claim {
+/// The arguments of a claim: `$1` the limit, `$2` and `$3` the worker's lanes, and with `with_id`
+/// `$4`, a free `bigint`.
+fn claim_args(with_id: bool) -> Vec<pg_sys::Oid> {
     let mut args = vec![pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID];
     if with_id {
         args.push(pg_sys::INT8OID);
     }
-    let table = partition.unwrap_or("outbox");
-    let statement = |guard: &str| {
-        format!(
-            "SELECT {CLAIMED_COLUMNS} FROM {schema}.{table} o \
-             WHERE {filter} \
-               AND o.lane OPERATOR(pg_catalog.>=) $2 AND o.lane OPERATOR(pg_catalog.<) $3{guard} \
-             ORDER BY {order} LIMIT $1 FOR UPDATE SKIP LOCKED"
-        )
-    };
-    // An event waits while an earlier one of its key (else of its topic, among events without a
-    // key) has failed and is not yet published: that one goes first, or to outbox_dead. The
-    // failing events have an index of their own, by lane and the start of the key (the
-    // expression below, as `sql/outbox.sql` writes it), so the check reads only the entries of
-    // the same key. `OFFSET 0` keeps the planner from turning the check into an anti-join
-    // that reads every failed event (a hash of 30,000 of them took 50 ms a claim); as a
-    // subquery run per claimed row, it is one index probe per partition.
+    args
+}
+
+/// A claim of `table` (`outbox` or one partition of it): `filter` follows `WHERE`, `order` is
+/// the `ORDER BY` list, `guard` (empty or from [`failed_key_guard`]) ends the conditions.
+fn claim_sql(schema: &str, table: &str, filter: &str, order: &str, guard: &str) -> String {
+    format!(
+        "SELECT {CLAIMED_COLUMNS} FROM {schema}.{table} o \
+         WHERE {filter} \
+           AND o.lane OPERATOR(pg_catalog.>=) $2 AND o.lane OPERATOR(pg_catalog.<) $3{guard} \
+         ORDER BY {order} LIMIT $1 FOR UPDATE SKIP LOCKED"
+    )
+}
+
+/// The condition that passes by an event while an earlier one of its key (else of its topic,
+/// among events without a key) has failed and is not yet published: that one goes first, or to
+/// outbox_dead. The failing events have an index of their own, by lane and the start of the key
+/// (the expression below, as `sql/outbox.sql` writes it), so the check reads only the entries
+/// of the same key. `OFFSET 0` keeps the planner from turning the check into an anti-join that
+/// reads every failed event (a hash of 30,000 of them took 50 ms a claim); as a subquery run
+/// per claimed row, it is one index probe per partition.
+fn failed_key_guard(schema: &str) -> String {
     let identity = |t: &str| {
         format!(
             "COALESCE('k' OPERATOR(pg_catalog.||) {t}.key, \
@@ -198,7 +197,7 @@ fn prepare_claim(
         )
     };
     let (failed, claimed) = (identity("f"), identity("o"));
-    let guard = format!(
+    format!(
         " AND NOT EXISTS (SELECT FROM {schema}.outbox f \
              WHERE f.published_at IS NULL AND f.attempts OPERATOR(pg_catalog.>) 0 \
                AND f.lane OPERATOR(pg_catalog.=) o.lane \
@@ -207,10 +206,16 @@ fn prepare_claim(
                AND f.id OPERATOR(pg_catalog.<) o.id \
                AND {failed} OPERATOR(pg_catalog.=) {claimed} \
              OFFSET 0)"
-    );
+    )
+}
+
+/// Prepares a claim of `outbox` in its two forms (see [`claim_sql`] and [`claim_args`]).
+fn prepare_claim(schema: &str, filter: &str, order: &str, with_id: bool) -> Claim {
+    let args = claim_args(with_id);
+    let guard = failed_key_guard(schema);
     Claim {
-        plain: prepare(&statement(""), &args),
-        guarded: prepare(&statement(&guard), &args),
+        plain: prepare(&claim_sql(schema, "outbox", filter, order, ""), &args),
+        guarded: prepare(&claim_sql(schema, "outbox", filter, order, &guard), &args),
     }
 }
 
@@ -237,23 +242,22 @@ impl Statements {
             // by id alone, a partition analyzed while its rows were unpublished and planned
             // for while empty was read through its primary key, every published row of it for
             // every claim (`tests/relay.rs`).
-            claim_fresh: prepare_claim(&s, None, fresh, FRESH_ORDER, false),
+            claim_fresh: prepare_claim(&s, fresh, FRESH_ORDER, false),
             claim_fresh_in: (0..LEAVES)
                 .map(|leaf| {
                     let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
-                    prepare_claim(&s, Some(&partition), fresh, FRESH_ORDER, false).plain
+                    let sql = claim_sql(&s, &partition, fresh, FRESH_ORDER, "");
+                    prepare(&sql, &claim_args(false))
                 })
                 .collect(),
             claim_fresh_above: prepare_claim(
                 &s,
-                None,
                 &format!("{fresh} AND o.id OPERATOR(pg_catalog.>) $4"),
                 FRESH_ORDER,
                 true,
             ),
             claim_fresh_below: prepare_claim(
                 &s,
-                None,
                 &format!("{fresh} AND o.id OPERATOR(pg_catalog.<=) $4"),
                 FRESH_ORDER,
                 true,
@@ -262,7 +266,6 @@ impl Statements {
             // many wait, only the due ones are read.
             claim_due: prepare_claim(
                 &s,
-                None,
                 "o.published_at IS NULL \
                  AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()",
                 // Among due events of one key only the earliest passes the check above, so
