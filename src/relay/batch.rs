@@ -219,6 +219,16 @@ impl Relay {
     /// Claims up to `limit` events of `scope`, past the last claim's reach while no transaction
     /// enqueued since (see `cursor.rs`), else from the lowest id.
     fn claim(&mut self, limit: usize, scope: &Scope) -> Claimed {
+        let now = Instant::now();
+        let claimed = self.claim_at(now, limit, scope);
+        if claimed.looked_due {
+            self.due_looked_at = Some(now);
+        }
+        claimed
+    }
+
+    /// [`Relay::claim`], at `now`.
+    fn claim_at(&mut self, now: Instant, limit: usize, scope: &Scope) -> Claimed {
         let Some(statements) = self.extension.statements() else {
             return Claimed::default();
         };
@@ -226,7 +236,6 @@ impl Relay {
         let commits = self.activity.commits_to();
         let quiet = self.activity.quiet();
         let above = self.start.above(quiet, &scope.lanes);
-        let now = Instant::now();
         let below = self.start.below_due(now, self.settings.poll_interval);
         // From the lowest id: in every partition once per poll interval, while an event failed
         // (the claim that passes by its key's later events reads them all), and where a
@@ -248,11 +257,7 @@ impl Relay {
             // with the rest.
             if cursor::moved_elsewhere(&commits, &self.activity.commits_to(), leaf) {
                 self.start.forget();
-                let claimed = statements.claim(limit, None, false, Reach::Everywhere, due, scope);
-                if claimed.looked_due {
-                    self.due_looked_at = Some(now);
-                }
-                return claimed;
+                return statements.claim(limit, None, false, Reach::Everywhere, due, scope);
             }
         }
         if (above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit) {
@@ -262,9 +267,6 @@ impl Relay {
         // once that key's event is out, they are claimable where no commit has written since.
         if above.is_none() && claimed.len() < limit && !scope.failing {
             self.start.exhausted(reach, &commits, &scope.lanes);
-        }
-        if claimed.looked_due {
-            self.due_looked_at = Some(now);
         }
         let verdict = self.start.claimed(
             quiet,
