@@ -7,5 +7,5 @@ cd "$here/.."
 
 "$here/setup.sh"
 "$here/install.sh" --release
-say "Running the benchmarks (about 50 minutes; nothing else should load the machine)"
+say "Running the benchmarks (about 55 minutes; nothing else should load the machine)"
 cargo bench --quiet "${CARGO_FEATURES[@]}" --bench bench
