@@ -25,11 +25,14 @@ const RELAY_REPS: usize = 5;
 const WRITE_REPS: usize = 7;
 /// Pairs of runs for the write cases with a target (`outbox_enqueue` against the hand-written
 /// insert at 8 clients, with and without key and headers). One pair's ratio spreads by a tenth
-/// and more on this shared machine, so the median of 7 moves by about 5% between runs of the
-/// bench, as much as the target allows; that of 25 by about 2%.
+/// and more on this shared machine, so the median of 7 moves by about 5% from that noise alone,
+/// as much as the target allows; that of 25 by about 2%. The machine's drift over minutes moves
+/// it more: 0.880 to 0.980 in four runs of the keyed case.
 const WRITE_PAIRS: usize = 25;
 const PGBENCH_SECONDS: u32 = 6;
 const BACKLOG: i64 = 200_000;
+/// The stream of the write cases' events (topic `account.created`, no stream prefix).
+const STREAM: &str = "account.created";
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
@@ -106,26 +109,30 @@ struct WriteRun {
 }
 
 /// Runs pgbench with `script` for `PGBENCH_SECONDS` as fast as it goes, then waits until the
-/// relay has published every event (woken at once, so that no poll interval is counted). With
-/// 8 writers on 2 cores the relay gets a share of the CPU like any backend and falls behind
-/// (tens of thousands of events in a run); the next run's `TRUNCATE` would discard that backlog,
-/// and pgbench's tps would leave out the relay's work for it, for some cases more than others.
-fn write_run(pg: &Pg, admin: &mut Client, script: &str, clients: u32) -> WriteRun {
+/// relay has published the event each transaction enqueued to `stream` (none without `stream`),
+/// woken at once so that no poll interval is counted, and watched through `XLEN` so that the
+/// wait takes nothing from the relay's database. With 8 writers on 2 cores the relay gets a
+/// share of the CPU like any backend and falls behind (tens of thousands of events in a run);
+/// the next run's `TRUNCATE` would discard that backlog, and pgbench's tps would leave out the
+/// relay's work for it, for some cases more than others.
+fn write_run(
+    pg: &Pg,
+    redis: &Redis,
+    admin: &mut Client,
+    script: &str,
+    clients: u32,
+    stream: Option<&str>,
+) -> WriteRun {
+    let before = stream.map_or(0, |s| redis.xlen(s));
     let started = Instant::now();
     let (tps, transactions) =
         run_pgbench_counted(pg, script, clients, &["-T", &PGBENCH_SECONDS.to_string()]);
-    admin.batch_execute("SELECT _outbox_wake()").unwrap();
-    let published = wait_until(Duration::from_secs(300), || {
-        let pending: bool = admin
-            .query_one(
-                "SELECT EXISTS (SELECT FROM outbox WHERE published_at IS NULL)",
-                &[],
-            )
-            .unwrap()
-            .get(0);
-        !pending
-    });
-    assert!(published, "the relay did not publish a write run's events");
+    if let Some(stream) = stream {
+        admin.batch_execute("SELECT _outbox_wake()").unwrap();
+        let expected = before + transactions as usize;
+        let published = wait_until(Duration::from_secs(300), || redis.xlen(stream) >= expected);
+        assert!(published, "the relay did not publish a write run's events");
+    }
     WriteRun {
         tps,
         until_published: transactions as f64 / started.elapsed().as_secs_f64(),
@@ -171,7 +178,7 @@ fn run_pgbench_counted(pg: &Pg, script: &str, clients: u32, options: &[&str]) ->
     }
 }
 
-fn write_cost(pg: &Pg, report: &mut Report) {
+fn write_cost(pg: &Pg, redis: &Redis, report: &mut Report) {
     println!(
         "1. write cost (pgbench, {PGBENCH_SECONDS} s x {WRITE_REPS}, the targeted case x {WRITE_PAIRS}, relay running)"
     );
@@ -224,6 +231,7 @@ fn write_cost(pg: &Pg, report: &mut Report) {
                 running.into_iter().rev().collect()
             };
             for (name, script, channel) in order {
+                let stream = (*name != cases[0].0).then_some(STREAM);
                 // Each run starts empty and right after a checkpoint, so that no run pays for
                 // a checkpoint the others escape.
                 admin
@@ -237,7 +245,7 @@ fn write_cost(pg: &Pg, report: &mut Report) {
                     .unwrap();
                 runs.entry(name)
                     .or_default()
-                    .push(write_run(pg, &mut admin, script, clients));
+                    .push(write_run(pg, redis, &mut admin, script, clients, stream));
             }
         }
         admin
@@ -248,8 +256,9 @@ fn write_cost(pg: &Pg, report: &mut Report) {
             .map(|(name, runs)| (*name, runs.iter().map(|r| r.tps).collect()))
             .collect();
         let hand = &tps[cases[1].0];
-        let baseline = median(hand.clone());
         for (name, _, _) in &cases {
+            // The hand-written insert's runs of the same repetitions as this case's.
+            let baseline = median(hand[..tps[name].len()].to_vec());
             let runs: Vec<String> = tps[name].iter().map(|t| format!("{t:.0}")).collect();
             println!("  {clients} client(s), {name}: runs {}", runs.join(" "));
             let figure = median(tps[name].clone());
@@ -512,7 +521,7 @@ fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn Fn(&str) ->
         )
         .unwrap();
     if parts("keys-write") {
-        keyed_write(pg, report);
+        keyed_write(pg, redis, report);
     }
     if parts("keys-workers") {
         keyed_workers(pg, redis, report);
@@ -529,7 +538,7 @@ fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn Fn(&str) ->
 }
 
 /// A keyed event with headers against a hand-written insert of the same columns, 8 clients.
-fn keyed_write(pg: &mut Pg, report: &mut Report) {
+fn keyed_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     let mut admin = pg.connect();
     let business = "INSERT INTO accounts (email) VALUES ('ada@example.com');\n";
     let (payload, key) = ("'{\"account_id\": 7}'", "'account-7'");
@@ -552,9 +561,14 @@ fn keyed_write(pg: &mut Pg, report: &mut Report) {
             admin
                 .batch_execute("TRUNCATE accounts, outbox; CHECKPOINT")
                 .unwrap();
-            runs.entry(name)
-                .or_default()
-                .push(write_run(pg, &mut admin, script, 8));
+            runs.entry(name).or_default().push(write_run(
+                pg,
+                redis,
+                &mut admin,
+                script,
+                8,
+                Some(STREAM),
+            ));
         }
     }
     let tps: HashMap<&str, Vec<f64>> = runs
@@ -1543,7 +1557,7 @@ fn main() {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     if wanted("write") {
-        write_cost(&pg, &mut report);
+        write_cost(&pg, &redis, &mut report);
     }
     if wanted("relay") {
         relay_throughput(&mut pg, &redis, &mut report);
