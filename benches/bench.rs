@@ -27,7 +27,7 @@ const WRITE_REPS: usize = 7;
 /// insert at 8 clients, with and without key and headers). One pair's ratio spreads by a tenth
 /// and more on this shared machine, so the median of 7 moves by about 5% from that noise alone,
 /// as much as the target allows; that of 25 by about 2%. The machine's drift over minutes moves
-/// it more: 0.880 to 0.980 in four runs of the keyed case.
+/// it more: 0.880 to 0.980 in five runs of the keyed case.
 const WRITE_PAIRS: usize = 25;
 const PGBENCH_SECONDS: u32 = 6;
 const BACKLOG: i64 = 200_000;
