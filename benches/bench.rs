@@ -43,13 +43,18 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// other: steadier on a shared machine than the ratio of the two medians, which may come from
 /// runs minutes apart.
 fn paired_ratio(a: &[f64], b: &[f64]) -> f64 {
-    median(a.iter().zip(b).map(|(a, b)| a / b).collect())
+    median(pair_ratios(a, b))
+}
+
+/// The ratios `a[i] / b[i]` of runs made in the same repetition.
+fn pair_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(a, b)| a / b).collect()
 }
 
 /// The median of the paired ratios with their interquartile range and count, as the ratio
 /// column shows a targeted write case.
 fn paired_ratio_spread(a: &[f64], b: &[f64]) -> String {
-    let mut ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+    let mut ratios = pair_ratios(a, b);
     ratios.sort_by(|x, y| x.total_cmp(y));
     format!(
         "{:.3} (middle half of the pairs {:.3} to {:.3}; {} pairs)",
@@ -137,6 +142,13 @@ fn write_run(
         tps,
         until_published: transactions as f64 / started.elapsed().as_secs_f64(),
     }
+}
+
+/// pgbench's tps of each case's write runs.
+fn tps_of<'a>(runs: &HashMap<&'a str, Vec<WriteRun>>) -> HashMap<&'a str, Vec<f64>> {
+    runs.iter()
+        .map(|(name, runs)| (*name, runs.iter().map(|r| r.tps).collect()))
+        .collect()
 }
 
 /// Runs pgbench with `script`, `clients` clients and threads, and `options`; returns its tps.
@@ -251,10 +263,7 @@ fn write_cost(pg: &Pg, redis: &Redis, report: &mut Report) {
         admin
             .batch_execute("ALTER DATABASE postgres RESET outbox.notify_channel")
             .unwrap();
-        let tps: HashMap<&str, Vec<f64>> = runs
-            .iter()
-            .map(|(name, runs)| (*name, runs.iter().map(|r| r.tps).collect()))
-            .collect();
+        let tps = tps_of(&runs);
         let hand = &tps[cases[1].0];
         for (name, _, _) in &cases {
             // The hand-written insert's runs of the same repetitions as this case's.
@@ -571,10 +580,7 @@ fn keyed_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
             ));
         }
     }
-    let tps: HashMap<&str, Vec<f64>> = runs
-        .iter()
-        .map(|(name, runs)| (*name, runs.iter().map(|r| r.tps).collect()))
-        .collect();
+    let tps = tps_of(&runs);
     println!("  hand {:?}\n  enqueue {:?}", tps["hand"], tps["enqueue"]);
     report.row(
         "write, 8 clients: + outbox_enqueue with key and headers",
