@@ -760,7 +760,8 @@ fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
 #[test]
 fn a_woken_pass_reads_only_the_index_its_commit_wrote_to() {
     let redis = Redis::start();
-    let mut pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "10s")]);
+    // No poll falls inside the measured passes, however slowly a loaded machine runs them.
+    let mut pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "1h")]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     std::thread::sleep(Duration::from_millis(500));
@@ -779,14 +780,14 @@ fn a_woken_pass_reads_only_the_index_its_commit_wrote_to() {
         fresh >= 50,
         "{fresh} scans of the unpublished indexes: the counts were not reported"
     );
-    // The reload that makes the worker report wakes it for a pass, which may be the one a poll
-    // interval after the last look into every partition.
+    // The reload that makes the worker report wakes it for a pass that looks into every
+    // partition; one more such look is left as slack.
     assert!(
         fresh <= 50 + 2 * 16,
         "{fresh} scans of the unpublished indexes in 50 passes"
     );
     assert!(
-        retry <= 2 * 16,
+        retry <= 16,
         "{retry} scans of the retry indexes in 50 passes with nothing failed"
     );
 
