@@ -634,6 +634,56 @@ fn the_events_behind_a_rejected_one_follow_it_at_once() {
     );
 }
 
+/// A backlog that fills every batch does not hold off the retry of a rejected event: its key
+/// waits for the retry (within the poll interval of its due time), not for the backlog to drain.
+#[test]
+fn a_rejected_event_is_retried_while_a_backlog_fills_every_batch() {
+    const BACKLOG: usize = 20_000;
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.batch_size", "1"),
+            ("outbox.poll_interval", "200ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    redis.query::<()>(redis::cmd("SET").arg("broken").arg("x"));
+    client
+        .batch_execute("SELECT outbox_enqueue('broken', '{}', 'k')")
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            client
+                .query_one("SELECT count(*) FROM outbox WHERE attempts = 1", &[])
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        }),
+        "the event was not rejected"
+    );
+    // One event per pass: every batch is full until the backlog is out.
+    common::enqueue_many(&mut client, "backlog", BACKLOG as i64);
+    // Its retry, a second after the rejection, finds the stream key free.
+    redis.query::<()>(redis::cmd("DEL").arg("broken"));
+    assert!(
+        wait_until(Duration::from_secs(120), || redis.xlen("broken") == 1),
+        "the rejected event was not retried"
+    );
+    let out = redis.xlen("backlog");
+    eprintln!("retried with {out} of {BACKLOG} backlog events out");
+    assert!(
+        out < BACKLOG,
+        "the retry waited until the whole backlog was out"
+    );
+    assert!(
+        wait_until(Duration::from_secs(120), || redis.xlen("backlog")
+            == BACKLOG),
+        "the backlog was not drained"
+    );
+}
+
 /// A `COMMIT PREPARED` makes an event visible without the counts of commits per partition by
 /// which a pass woken by a commit reads that commit's partition alone (see `cursor.rs`). With
 /// prepared transactions enabled, a later event of its key in another partition still goes out

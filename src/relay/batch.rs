@@ -15,6 +15,7 @@ use super::cursor::{self, Reach, Verdict};
 use super::encode::Ordering;
 use super::order::PassOrder;
 use super::publish::{Interrupted, Reply};
+use super::retry::DueLook;
 use super::worker::{self, End};
 use super::{backoff, encode, retry, Pass, Relay};
 use crate::ring;
@@ -245,10 +246,12 @@ impl Relay {
         } else {
             self.start.reach(&commits, &scope.lanes)
         };
-        let due = scope.failing
-            || self
-                .due_looked_at
-                .is_none_or(|at| now.duration_since(at) >= self.settings.poll_interval);
+        let due = DueLook::at(
+            now,
+            self.due_looked_at,
+            self.settings.poll_interval,
+            scope.failing,
+        );
         let claimed = statements.claim(limit, above, below, reach, due, scope);
         if let Reach::Leaf(leaf) = reach {
             // Its snapshot was taken after the counts were read: a commit counted since in

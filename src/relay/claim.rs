@@ -15,6 +15,7 @@ use pgrx::{PgOid, PgTryBuilder};
 
 use super::cursor::Reach;
 use super::encode::{ascii_safe, Event};
+use super::retry::DueLook;
 use crate::compat;
 use crate::ring::{self, LEAVES};
 
@@ -38,6 +39,8 @@ pub struct Claimed {
     pub unreadable: Vec<Failure>,
     /// The claim looked for events whose retry is due.
     pub looked_due: bool,
+    /// The highest id among the events claimed that never failed.
+    fresh_highest: Option<i64>,
 }
 
 impl Claimed {
@@ -45,10 +48,26 @@ impl Claimed {
         self.events.len() + self.unreadable.len()
     }
 
-    /// The highest id claimed, if any.
+    /// The highest id claimed among the events that never failed, if any: how far the claim
+    /// reached in id order. Due events are left out: their ids say nothing of where the fresh
+    /// ones stand, and a cursor moved past fresh events the claim did not take would skip them.
     pub fn highest(&self) -> Option<i64> {
+        self.fresh_highest
+    }
+
+    /// The highest id of everything in this claim.
+    fn highest_of_all(&self) -> Option<i64> {
         let events = self.events.iter().map(|e| e.id);
         events.chain(self.unreadable.iter().map(|f| f.id)).max()
+    }
+
+    /// Adds `due`'s events and keeps the whole in id order.
+    fn add_due(&mut self, due: Claimed) {
+        if !due.events.is_empty() || !due.unreadable.is_empty() {
+            self.events.extend(due.events);
+            self.unreadable.extend(due.unreadable);
+            self.events.sort_unstable_by_key(|e| e.id);
+        }
     }
 }
 
@@ -384,8 +403,8 @@ impl Statements {
     }
 
     /// Claims up to `limit` events of the lanes in `scope`, skipping rows other workers hold:
-    /// first those that never failed, in id order, then, with `due`, those whose retry is due.
-    /// Returned in id order.
+    /// those that never failed, in id order, and as `due` says, those whose retry is due
+    /// (before them, or in the room they leave). Returned in id order.
     ///
     /// With `above`, the events that never failed are looked for past that id first, and, if
     /// there are not enough past it and `below` allows, at or below it; without, from the
@@ -396,13 +415,19 @@ impl Statements {
         above: Option<i64>,
         below: bool,
         reach: Reach,
-        due: bool,
+        due: DueLook,
         scope: &Scope,
     ) -> Claimed {
         let run = |claim: &Claim, limit: usize, id: Option<i64>| {
             run_claim(claim.for_scope(scope), limit, &scope.lanes, id)
         };
+        let first = match due {
+            DueLook::First => Some(run(&self.claim_due, limit, None)),
+            _ => None,
+        };
+        let limit = limit - first.as_ref().map_or(0, Claimed::len);
         let mut claimed = match (above, reach) {
+            _ if limit == 0 => Claimed::default(),
             (None, Reach::Nowhere) => Claimed::default(),
             // Without the check of failed keys, which the plain form leaves out. The table's
             // lock first, as a claim through it and a `TRUNCATE outbox` take them: taken
@@ -428,14 +453,14 @@ impl Statements {
                 claimed
             }
         };
-        if due && claimed.len() < limit {
+        claimed.fresh_highest = claimed.highest_of_all();
+        if let Some(first) = first {
+            claimed.looked_due = true;
+            claimed.add_due(first);
+        } else if due == DueLook::IfRoom && claimed.len() < limit {
             claimed.looked_due = true;
             let due = run(&self.claim_due, limit - claimed.len(), None);
-            if !due.events.is_empty() || !due.unreadable.is_empty() {
-                claimed.events.extend(due.events);
-                claimed.unreadable.extend(due.unreadable);
-                claimed.events.sort_unstable_by_key(|e| e.id);
-            }
+            claimed.add_due(due);
         }
         claimed
     }

@@ -1,7 +1,7 @@
 //! When an event that failed is tried again. The schedule itself is in the table
 //! (`next_attempt_at`), shared by every worker and kept across restarts; a worker only keeps the
 //! earliest retry it scheduled, so that it looks for due events then rather than at its next
-//! poll. Pure logic, unit-tested.
+//! poll. Also when a claim looks for due events. Pure logic, unit-tested.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,39 @@ impl RetrySchedule {
         self.next
             .map_or(poll_interval, |at| (at - now).min(poll_interval))
             .max(Duration::from_millis(1))
+    }
+}
+
+/// Whether a claim looks for events whose retry is due, and in what room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DueLook {
+    /// Not in this claim.
+    Skip,
+    /// In the room the events that never failed leave.
+    IfRoom,
+    /// Before the events that never failed, which take the room left: a backlog that fills
+    /// every batch would otherwise hold retries off until it drained.
+    First,
+}
+
+impl DueLook {
+    /// How a claim at `now` looks for due events, given when a claim last did (`looked_at`):
+    /// first once `poll_interval` has passed since, so that a due event waits at most about
+    /// that long whatever the backlog; in between, in the room left while an event of the
+    /// worker's lanes is `failing` (its retry may fall due at any pass).
+    pub fn at(
+        now: Instant,
+        looked_at: Option<Instant>,
+        poll_interval: Duration,
+        failing: bool,
+    ) -> DueLook {
+        if looked_at.is_none_or(|at| now.saturating_duration_since(at) >= poll_interval) {
+            DueLook::First
+        } else if failing {
+            DueLook::IfRoom
+        } else {
+            DueLook::Skip
+        }
     }
 }
 
@@ -83,5 +116,24 @@ mod tests {
             RetrySchedule::default().wait(start, Duration::ZERO),
             Duration::from_millis(1)
         );
+    }
+
+    #[test]
+    fn due_events_are_looked_for_first_once_a_poll_interval_has_passed() {
+        let start = Instant::now();
+        let poll = Duration::from_millis(500);
+        let soon = start + Duration::from_millis(100);
+        let later = start + poll;
+        // Never looked: first, failing or not.
+        assert_eq!(DueLook::at(start, None, poll, false), DueLook::First);
+        assert_eq!(DueLook::at(start, None, poll, true), DueLook::First);
+        // Looked recently: in the room left while something fails, else not at all.
+        assert_eq!(DueLook::at(soon, Some(start), poll, true), DueLook::IfRoom);
+        assert_eq!(DueLook::at(soon, Some(start), poll, false), DueLook::Skip);
+        // A poll interval since the last look: first, however full the batches are.
+        assert_eq!(DueLook::at(later, Some(start), poll, true), DueLook::First);
+        assert_eq!(DueLook::at(later, Some(start), poll, false), DueLook::First);
+        // A look recorded after `now` (another chunk's) is recent.
+        assert_eq!(DueLook::at(start, Some(soon), poll, false), DueLook::Skip);
     }
 }
