@@ -751,6 +751,51 @@ fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
     );
 }
 
+/// An `XREAD` reply's stream: its key, and its entries as id and flat field list.
+type StreamEntries = (String, Vec<(String, Vec<String>)>);
+
+/// After a pass of its own the worker waits a short while for more commits before it flushes
+/// its commit and waits again, up to the poll interval. A commit that wakes it just as that
+/// short wait runs out still has its event go out at once, not at the poll. The commits here
+/// come a little later each time after the last event arrived, sweeping across the moment the
+/// short wait ends.
+#[test]
+fn a_commit_as_the_workers_short_wait_ends_still_wakes_it() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "1h")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut conn = redis.conn();
+    let mut last_entry = "0-0".to_string();
+    let mut slowest = Duration::ZERO;
+    for n in 0..600_u64 {
+        client
+            .batch_execute("SELECT outbox_enqueue('swept', '{}')")
+            .unwrap();
+        let committed = Instant::now();
+        let reply: Option<Vec<StreamEntries>> = redis::cmd("XREAD")
+            .arg("BLOCK")
+            .arg(5_000)
+            .arg("STREAMS")
+            .arg("swept")
+            .arg(&last_entry)
+            .query(&mut conn)
+            .unwrap();
+        let entry = reply
+            .and_then(|streams| streams.into_iter().next())
+            .and_then(|(_, entries)| entries.into_iter().next())
+            .unwrap_or_else(|| {
+                panic!("event {n} was not in its stream 5 s after its commit (the poll is 1 h)")
+            });
+        last_entry = entry.0;
+        slowest = slowest.max(committed.elapsed());
+        // The next commit 19.5 to 22.5 ms after this arrival, 5 us later each time.
+        std::thread::sleep(Duration::from_micros(19_500 + 5 * n));
+    }
+    eprintln!("600 events, the slowest in its stream {slowest:?} after its commit");
+}
+
 /// A pass woken by a commit claims a handful of events, all in the partition the commit wrote
 /// to. Its claim reads that partition's index of unpublished events, not all 16 (the others
 /// had none when last read and no commit wrote to them since). And while no event in the

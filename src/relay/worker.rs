@@ -66,6 +66,11 @@ pub fn reload_configuration() -> bool {
 
 /// Waits on the latch for at most `timeout`; exits the process if the postmaster died. Says
 /// whether the latch was set (else the time ran out).
+///
+/// The latch is reset only when the wait saw it set, and the caller then looks for work. A wait
+/// that ran out leaves it alone: a commit that sets it between the timeout and a reset would
+/// otherwise be forgotten, and its event would wait for the next commit or the poll (the
+/// relay's short wait after each of its commits, followed by a long one, lost such commits).
 pub fn wait_latch(timeout: Duration) -> bool {
     // SAFETY: the standard latch wait of a background worker, on its own latch.
     unsafe {
@@ -75,8 +80,11 @@ pub fn wait_latch(timeout: Duration) -> bool {
             timeout.as_millis().min(c_long::MAX as u128) as c_long,
             pg_sys::PG_WAIT_EXTENSION,
         );
-        pg_sys::ResetLatch(pg_sys::MyLatch);
-        events & pg_sys::WL_LATCH_SET as i32 != 0
+        let set = events & pg_sys::WL_LATCH_SET as i32 != 0;
+        if set {
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        set
     }
 }
 
