@@ -263,7 +263,9 @@ impl Relay {
                 return statements.claim(limit, None, false, Reach::Everywhere, due, scope);
             }
         }
-        if (above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit) {
+        if claimed.looked_fresh
+            && ((above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit))
+        {
             self.start.looked_below(now);
         }
         // A claim that passed by the events behind a failed key found too few only for now:

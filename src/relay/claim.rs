@@ -39,6 +39,8 @@ pub struct Claimed {
     pub unreadable: Vec<Failure>,
     /// The claim looked for events whose retry is due.
     pub looked_due: bool,
+    /// The claim looked for events that never failed (due events first may leave no room).
+    pub looked_fresh: bool,
     /// The highest id among the events claimed that never failed.
     fresh_highest: Option<i64>,
 }
@@ -453,6 +455,7 @@ impl Statements {
                 claimed
             }
         };
+        claimed.looked_fresh = limit > 0;
         claimed.fresh_highest = claimed.highest_of_all();
         if let Some(first) = first {
             claimed.looked_due = true;
