@@ -641,48 +641,60 @@ fn the_events_behind_a_rejected_one_follow_it_at_once() {
     );
 }
 
-/// A backlog that fills every batch does not hold off the retry of a rejected event: its key
-/// waits for the retry (within the poll interval of its due time), not for the backlog to drain.
+/// A backlog that fills every batch does not hold off the retries of rejected events, nor the
+/// later events of their keys: those wait for the retries (within about a poll interval of their
+/// due time), not for the backlog to drain. Forty keys are held, more than one claim takes.
 #[test]
-fn a_rejected_event_is_retried_while_a_backlog_fills_every_batch() {
+fn rejected_events_and_their_keys_move_on_while_a_backlog_fills_every_batch() {
     const BACKLOG: usize = 20_000;
+    const KEYS: usize = 40;
     let redis = Redis::start();
     let pg = Pg::relaying_to(
         &redis,
         &[
             ("outbox.batch_size", "1"),
-            ("outbox.poll_interval", "200ms"),
+            ("outbox.poll_interval", "500ms"),
         ],
     );
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     redis.query::<()>(redis::cmd("SET").arg("broken").arg("x"));
+    // Each key's first event is refused; its second, bound for a healthy stream, waits for it.
     client
-        .batch_execute("SELECT outbox_enqueue('broken', '{}', 'k')")
+        .batch_execute(&format!(
+            "SELECT outbox_enqueue('broken', '{{}}', 'k' || g) FROM generate_series(1, {KEYS}) g; \
+             SELECT outbox_enqueue('orders', '{{}}', 'k' || g) FROM generate_series(1, {KEYS}) g"
+        ))
         .unwrap();
     assert!(
-        wait_until(Duration::from_secs(10), || {
+        wait_until(Duration::from_secs(30), || {
             client
-                .query_one("SELECT count(*) FROM outbox WHERE attempts = 1", &[])
+                .query_one("SELECT count(*) FROM outbox WHERE attempts >= 1", &[])
                 .unwrap()
                 .get::<_, i64>(0)
-                == 1
+                == KEYS as i64
         }),
-        "the event was not rejected"
+        "the events were not rejected"
+    );
+    assert_eq!(
+        redis.xlen("orders"),
+        0,
+        "the keys' later events did not wait"
     );
     // One event per pass: every batch is full until the backlog is out.
     common::enqueue_many(&mut client, "backlog", BACKLOG as i64);
-    // Its retry, a second after the rejection, finds the stream key free.
+    // The retries (a second or two after each rejection) find the stream key free.
     redis.query::<()>(redis::cmd("DEL").arg("broken"));
     assert!(
-        wait_until(Duration::from_secs(120), || redis.xlen("broken") == 1),
-        "the rejected event was not retried"
+        wait_until(Duration::from_secs(120), || redis.xlen("broken") == KEYS
+            && redis.xlen("orders") == KEYS),
+        "the rejected events or their keys' later events never went out"
     );
     let out = redis.xlen("backlog");
-    eprintln!("retried with {out} of {BACKLOG} backlog events out");
+    eprintln!("{KEYS} retried keys through with {out} of {BACKLOG} backlog events out");
     assert!(
         out < BACKLOG,
-        "the retry waited until the whole backlog was out"
+        "the retries or their keys waited until the whole backlog was out"
     );
     assert!(
         wait_until(Duration::from_secs(120), || redis.xlen("backlog")

@@ -98,12 +98,15 @@ impl Relay {
         let mut next = self.claim(chunk, &scope);
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
+        // Whether a claim left due events behind that it had no room for.
+        let mut more_due = false;
         let mut order = PassOrder::default();
         // Whether an event that had failed went out or to outbox_dead in this pass.
         let mut released = false;
         while next.len() > 0 {
             let got = next.len();
             claimed += got;
+            more_due |= next.more_due;
             let Claimed {
                 mut events,
                 unreadable,
@@ -199,8 +202,10 @@ impl Relay {
                 released |= self.charge_failures(failures);
             }
         }
-        if order.deferred() {
-            // Events held back stay unpublished below the cursor.
+        if order.deferred() || released {
+            // Events held back stay unpublished below the cursor; so may the later events of
+            // the keys of failed events, which the claims passed by while the cursor moved on.
+            // Now that those keys are free, they are claimed from the lowest id.
             self.start.forget();
         }
         if claimed == batch_size {
@@ -212,6 +217,9 @@ impl Relay {
         } else if released {
             // The claims passed by the later events of the keys of failed events; with those
             // out of the way, the next pass claims them, at once rather than at the poll.
+            batch.pass = Pass::Full;
+        } else if more_due {
+            // Due events had half the room and filled it: the next pass takes more of them.
             batch.pass = Pass::Full;
         }
         batch
@@ -253,6 +261,11 @@ impl Relay {
             scope.failing,
         );
         let claimed = statements.claim(limit, above, below, reach, due, scope);
+        if !claimed.looked_fresh {
+            // Due events filled it: it read nothing of the fresh events' partitions, and says
+            // nothing of where their next claim starts.
+            return claimed;
+        }
         if let Reach::Leaf(leaf) = reach {
             // Its snapshot was taken after the counts were read: a commit counted since in
             // another partition may be visible to it, and hold an earlier event of a key whose
@@ -263,9 +276,7 @@ impl Relay {
                 return statements.claim(limit, None, false, Reach::Everywhere, due, scope);
             }
         }
-        if claimed.looked_fresh
-            && ((above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit))
-        {
+        if (above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit) {
             self.start.looked_below(now);
         }
         // A claim that passed by the events behind a failed key found too few only for now:

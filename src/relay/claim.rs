@@ -37,8 +37,10 @@ pub fn extension_schema(oid: pg_sys::Oid) -> Option<(String, String)> {
 pub struct Claimed {
     pub events: Vec<Event>,
     pub unreadable: Vec<Failure>,
-    /// The claim looked for events whose retry is due.
+    /// The claim looked for events whose retry is due, and found all it could take.
     pub looked_due: bool,
+    /// Due events filled their share of a claim that looked for them first: more may be due.
+    pub more_due: bool,
     /// The claim looked for events that never failed (due events first may leave no room).
     pub looked_fresh: bool,
     /// The highest id among the events claimed that never failed.
@@ -406,7 +408,7 @@ impl Statements {
 
     /// Claims up to `limit` events of the lanes in `scope`, skipping rows other workers hold:
     /// those that never failed, in id order, and as `due` says, those whose retry is due
-    /// (before them, or in the room they leave). Returned in id order.
+    /// (before them, in up to half the room, or in the room they leave). Returned in id order.
     ///
     /// With `above`, the events that never failed are looked for past that id first, and, if
     /// there are not enough past it and `below` allows, at or below it; without, from the
@@ -423,13 +425,16 @@ impl Statements {
         let run = |claim: &Claim, limit: usize, id: Option<i64>| {
             run_claim(claim.for_scope(scope), limit, &scope.lanes, id)
         };
+        // Looked for first, due events take up to half the room, so that neither they nor
+        // the fresh events wait for the other kind to run out.
+        let due_share = limit.div_ceil(2);
         let first = match due {
-            DueLook::First => Some(run(&self.claim_due, limit, None)),
+            DueLook::First => Some(run(&self.claim_due, due_share, None)),
             _ => None,
         };
-        let limit = limit - first.as_ref().map_or(0, Claimed::len);
+        let room = limit - first.as_ref().map_or(0, Claimed::len);
         let mut claimed = match (above, reach) {
-            _ if limit == 0 => Claimed::default(),
+            _ if room == 0 => Claimed::default(),
             (None, Reach::Nowhere) => Claimed::default(),
             // Without the check of failed keys, which the plain form leaves out. The table's
             // lock first, as a claim through it and a `TRUNCATE outbox` take them: taken
@@ -442,23 +447,27 @@ impl Statements {
                 unsafe {
                     pg_sys::LockRelationOid(self.table, pg_sys::RowShareLock as pg_sys::LOCKMODE)
                 };
-                run_claim(&self.claim_fresh_in[leaf], limit, &scope.lanes, None)
+                run_claim(&self.claim_fresh_in[leaf], room, &scope.lanes, None)
             }
-            (None, _) => run(&self.claim_fresh, limit, None),
+            (None, _) => run(&self.claim_fresh, room, None),
             (Some(above), _) => {
-                let mut claimed = run(&self.claim_fresh_above, limit, Some(above));
-                if claimed.len() < limit && below {
-                    let below = run(&self.claim_fresh_below, limit - claimed.len(), Some(above));
+                let mut claimed = run(&self.claim_fresh_above, room, Some(above));
+                if claimed.len() < room && below {
+                    let below = run(&self.claim_fresh_below, room - claimed.len(), Some(above));
                     claimed.events.splice(0..0, below.events);
                     claimed.unreadable.extend(below.unreadable);
                 }
                 claimed
             }
         };
-        claimed.looked_fresh = limit > 0;
+        claimed.looked_fresh = room > 0;
         claimed.fresh_highest = claimed.highest_of_all();
         if let Some(first) = first {
-            claimed.looked_due = true;
+            // Due events that filled their share may not be all: the next claim looks for
+            // them first again, rather than a poll interval later (and the next pass follows
+            // at once).
+            claimed.more_due = first.len() == due_share;
+            claimed.looked_due = !claimed.more_due;
             claimed.add_due(first);
         } else if due == DueLook::IfRoom && claimed.len() < limit {
             claimed.looked_due = true;

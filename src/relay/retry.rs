@@ -49,16 +49,16 @@ pub enum DueLook {
     Skip,
     /// In the room the events that never failed leave.
     IfRoom,
-    /// Before the events that never failed, which take the room left: a backlog that fills
-    /// every batch would otherwise hold retries off until it drained.
+    /// Before the events that never failed, in up to half the room, which they take the rest
+    /// of: a backlog that fills every batch would otherwise hold retries off until it drained.
     First,
 }
 
 impl DueLook {
-    /// How a claim at `now` looks for due events, given when a claim last did (`looked_at`):
-    /// first once `poll_interval` has passed since, so that a due event waits at most about
-    /// that long whatever the backlog; in between, in the room left while an event of the
-    /// worker's lanes is `failing` (its retry may fall due at any pass).
+    /// How a claim at `now` looks for due events, given when a claim last found all it could
+    /// take (`looked_at`): first once `poll_interval` has passed since, so that a due event
+    /// waits at most about that long whatever the backlog; in between, in the room left while
+    /// an event of the worker's lanes is `failing` (its retry may fall due at any pass).
     pub fn at(
         now: Instant,
         looked_at: Option<Instant>,
@@ -133,7 +133,7 @@ mod tests {
         // A poll interval since the last look: first, however full the batches are.
         assert_eq!(DueLook::at(later, Some(start), poll, true), DueLook::First);
         assert_eq!(DueLook::at(later, Some(start), poll, false), DueLook::First);
-        // A look recorded after `now` (another chunk's) is recent.
+        // A clock read before the last look was recorded counts that look as recent.
         assert_eq!(DueLook::at(start, Some(soon), poll, false), DueLook::Skip);
     }
 }
