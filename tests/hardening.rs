@@ -1195,9 +1195,6 @@ fn fast_shutdown_is_quick_with_an_absent_synchronous_standby() {
 /// came round in full batches), so a healthy event waited over 15 s. Each rejected event has a
 /// key of its own, so that none waits behind another (see `tests/keys.rs` for those that do),
 /// and the healthy topic is claimed while 30,000 failed events are in the relay's lanes.
-/// An `XREAD` reply's stream: its key, and its entries as id and flat field list.
-type StreamEntries = (String, Vec<(String, Vec<String>)>);
-
 #[test]
 fn thirty_thousand_rejected_events_do_not_slow_a_healthy_topic() {
     let redis = Redis::start();
@@ -1246,21 +1243,10 @@ fn thirty_thousand_rejected_events_do_not_slow_a_healthy_topic() {
         // A blocking read past the last entry seen returns as the entry arrives: polling XLEN
         // in a loop took a core of this two-core machine from the relay and Redis, and the
         // test measured its own load (p99 of 40 to 80 ms in runs that failed).
-        let reply: Option<Vec<StreamEntries>> = redis::cmd("XREAD")
-            .arg("BLOCK")
-            .arg(10_000)
-            .arg("STREAMS")
-            .arg("good")
-            .arg(&last_entry)
-            .query(&mut conn)
-            .unwrap_or_else(|e| panic!("healthy event {n} not read within 10 s: {e}"));
-        let entry = reply
-            .and_then(|streams| streams.into_iter().next())
-            .and_then(|(_, entries)| entries.into_iter().next())
+        last_entry = common::next_entry(&mut conn, "good", &last_entry, Duration::from_secs(9))
             .unwrap_or_else(|| {
-                panic!("healthy event {n} was not in its stream 10 s after its commit")
+                panic!("healthy event {n} was not in its stream 9 s after its commit")
             });
-        last_entry = entry.0;
         latencies.push(committed.elapsed());
         good.push(id);
         std::thread::sleep(Duration::from_millis(20));

@@ -751,9 +751,6 @@ fn claims_pass_by_published_rows_through_the_index_of_unpublished_ones() {
     );
 }
 
-/// An `XREAD` reply's stream: its key, and its entries as id and flat field list.
-type StreamEntries = (String, Vec<(String, Vec<String>)>);
-
 /// After a pass of its own the worker waits a short while for more commits before it flushes
 /// its commit and waits again, up to the poll interval. A commit that wakes it just as that
 /// short wait runs out still has its event go out at once, not at the poll. The commits here
@@ -774,21 +771,10 @@ fn a_commit_as_the_workers_short_wait_ends_still_wakes_it() {
             .batch_execute("SELECT outbox_enqueue('swept', '{}')")
             .unwrap();
         let committed = Instant::now();
-        let reply: Option<Vec<StreamEntries>> = redis::cmd("XREAD")
-            .arg("BLOCK")
-            .arg(5_000)
-            .arg("STREAMS")
-            .arg("swept")
-            .arg(&last_entry)
-            .query(&mut conn)
-            .unwrap();
-        let entry = reply
-            .and_then(|streams| streams.into_iter().next())
-            .and_then(|(_, entries)| entries.into_iter().next())
+        last_entry = common::next_entry(&mut conn, "swept", &last_entry, Duration::from_secs(5))
             .unwrap_or_else(|| {
                 panic!("event {n} was not in its stream 5 s after its commit (the poll is 1 h)")
             });
-        last_entry = entry.0;
         slowest = slowest.max(committed.elapsed());
         // The next commit 19.5 to 22.5 ms after this arrival, 5 us later each time.
         std::thread::sleep(Duration::from_micros(19_500 + 5 * n));

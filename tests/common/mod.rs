@@ -24,6 +24,31 @@ pub fn redis_server() -> String {
     std::env::var("OUTBOX_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
+/// Waits up to `block` for the first entry of `stream` after the entry `after` (`"0-0"` for the
+/// first of all) and returns its id, `None` if none came. A blocking read returns as the entry
+/// arrives, where polling `XLEN` in a loop takes a core of a two-core machine from the relay and
+/// Redis.
+pub fn next_entry(
+    conn: &mut redis::Connection,
+    stream: &str,
+    after: &str,
+    block: Duration,
+) -> Option<String> {
+    type Streams = Vec<(String, Vec<(String, Vec<String>)>)>;
+    let reply: Option<Streams> = redis::cmd("XREAD")
+        .arg("BLOCK")
+        .arg(block.as_millis() as u64)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(after)
+        .query(conn)
+        .unwrap_or_else(|e| panic!("XREAD of {stream} failed: {e}"));
+    reply
+        .and_then(|streams| streams.into_iter().next())
+        .and_then(|(_, entries)| entries.into_iter().next())
+        .map(|(id, _)| id)
+}
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
