@@ -101,8 +101,9 @@ impl Relay {
         // Whether a claim left due events behind that it had no room for.
         let mut more_due = false;
         let mut order = PassOrder::default();
-        // Whether an event that had failed went out or to outbox_dead in this pass.
-        let mut released = false;
+        // The lowest id of the events that had failed and went out or to outbox_dead in this
+        // pass: the later events of their keys, passed by until now, have higher ids.
+        let mut released: Option<i64> = None;
         while next.len() > 0 {
             let got = next.len();
             claimed += got;
@@ -113,7 +114,7 @@ impl Relay {
                 ..
             } = next;
             if !unreadable.is_empty() {
-                released |= self.charge_failures(unreadable);
+                released = lowest(released, self.charge_failures(unreadable));
             }
             order.admit(&mut events);
             let sent: Vec<(i64, String, i32, Option<String>)> = events
@@ -169,7 +170,9 @@ impl Relay {
             let retried_out = sent
                 .iter()
                 .zip(&results)
-                .any(|((_, _, attempts, _), result)| *attempts > 0 && result.is_ok());
+                .filter(|((_, _, attempts, _), result)| *attempts > 0 && result.is_ok())
+                .map(|((id, ..), _)| *id)
+                .min();
             let failures: Vec<Failure> = sent
                 .into_iter()
                 .zip(results)
@@ -193,20 +196,23 @@ impl Relay {
                 .collect();
             batch.published += (published - failures.len()) as u64;
             // An event that had failed is out: its key's later events may go.
-            released |= retried_out;
+            released = lowest(released, retried_out);
             if !failures.is_empty() {
                 scope.failing = true;
                 self.failing = true;
                 // Unmarked, and scheduled for later: the claims left in this transaction pass
                 // them by.
-                released |= self.charge_failures(failures);
+                released = lowest(released, self.charge_failures(failures));
             }
         }
-        if order.deferred() || released {
-            // Events held back stay unpublished below the cursor; so may the later events of
-            // the keys of failed events, which the claims passed by while the cursor moved on.
-            // Now that those keys are free, they are claimed from the lowest id.
+        if order.deferred() {
+            // Events held back stay unpublished below the cursor.
             self.start.forget();
+        } else if let Some(id) = released {
+            // The claims passed by the later events of the keys of failed events while the
+            // cursor moved on; now that those keys are free, the claims past the cursor start
+            // below them again.
+            self.start.rewind(id);
         }
         if claimed == batch_size {
             batch.pass = Pass::Full;
@@ -214,12 +220,12 @@ impl Relay {
             // Events held back for going to another stream than their key's earlier ones: the
             // next pass sends them, at once rather than at the next wake-up.
             batch.pass = Pass::Full;
-        } else if released {
+        } else if released.is_some() {
             // The claims passed by the later events of the keys of failed events; with those
             // out of the way, the next pass claims them, at once rather than at the poll.
             batch.pass = Pass::Full;
         } else if more_due {
-            // Due events had half the room and filled it: the next pass takes more of them.
+            // A claim left due events out, or they filled it: the next pass takes more of them.
             batch.pass = Pass::Full;
         }
         batch
@@ -348,11 +354,10 @@ impl Relay {
     }
 
     /// Takes the mark back from each event that failed, charges it an attempt and schedules its
-    /// retry; buries those out of attempts, and those that retrying cannot help.
-    fn charge_failures(&mut self, failures: Vec<Failure>) -> bool {
-        let Some(statements) = self.extension.statements() else {
-            return false;
-        };
+    /// retry; buries those out of attempts, and those that retrying cannot help. Returns the
+    /// lowest id buried.
+    fn charge_failures(&mut self, failures: Vec<Failure>) -> Option<i64> {
+        let statements = self.extension.statements()?;
         let charges: Vec<(i64, String, Duration)> = failures
             .iter()
             .map(|f| {
@@ -393,13 +398,18 @@ impl Relay {
             }
             last_error = Some(error);
         }
-        let buried = !exhausted.is_empty();
-        if buried {
+        let buried = exhausted.iter().copied().min();
+        if buried.is_some() {
             statements.bury(exhausted);
         }
         self.slot.set_error(last_error.as_deref(), worker::now());
         buried
     }
+}
+
+/// The lower of two ids, either of which may be missing.
+fn lowest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    a.into_iter().chain(b).min()
 }
 
 #[cfg(test)]

@@ -39,7 +39,8 @@ pub struct Claimed {
     pub unreadable: Vec<Failure>,
     /// The claim looked for events whose retry is due, and found all it could take.
     pub looked_due: bool,
-    /// Due events filled their share of a claim that looked for them first: more may be due.
+    /// A claim that looked for due events first left some out, or was filled by them: more
+    /// may be due.
     pub more_due: bool,
     /// The claim looked for events that never failed (due events first may leave no room).
     pub looked_fresh: bool,
@@ -63,6 +64,12 @@ impl Claimed {
     fn highest_of_all(&self) -> Option<i64> {
         let events = self.events.iter().map(|e| e.id);
         events.chain(self.unreadable.iter().map(|f| f.id)).max()
+    }
+
+    /// Keeps at most `n` of the events, readable ones first.
+    fn truncate(&mut self, n: usize) {
+        self.events.truncate(n);
+        self.unreadable.truncate(n - self.events.len());
     }
 
     /// Adds `due`'s events and keeps the whole in id order.
@@ -408,7 +415,7 @@ impl Statements {
 
     /// Claims up to `limit` events of the lanes in `scope`, skipping rows other workers hold:
     /// those that never failed, in id order, and as `due` says, those whose retry is due
-    /// (before them, in up to half the room, or in the room they leave). Returned in id order.
+    /// (before them, sure of half the room, or in the room they leave). Returned in id order.
     ///
     /// With `above`, the events that never failed are looked for past that id first, and, if
     /// there are not enough past it and `below` allows, at or below it; without, from the
@@ -425,14 +432,18 @@ impl Statements {
         let run = |claim: &Claim, limit: usize, id: Option<i64>| {
             run_claim(claim.for_scope(scope), limit, &scope.lanes, id)
         };
-        // Looked for first, due events take up to half the room, so that neither they nor
-        // the fresh events wait for the other kind to run out.
+        // Looked for first, due events are sure of half the room (all of a room of one), and
+        // the fresh events of the rest, so that neither kind waits for the other to run out;
+        // what the fresh events leave goes to more due events. They are claimed up to the
+        // whole limit at once: a second claim of them would take the same rows again (rows
+        // this transaction locked are not skipped). Those left out stay unpublished, claimed
+        // by a later pass.
         let due_share = limit.div_ceil(2);
         let first = match due {
-            DueLook::First => Some(run(&self.claim_due, due_share, None)),
+            DueLook::First => Some(run(&self.claim_due, limit, None)),
             _ => None,
         };
-        let room = limit - first.as_ref().map_or(0, Claimed::len);
+        let room = limit - first.as_ref().map_or(0, |due| due.len().min(due_share));
         let mut claimed = match (above, reach) {
             _ if room == 0 => Claimed::default(),
             (None, Reach::Nowhere) => Claimed::default(),
@@ -462,11 +473,13 @@ impl Statements {
         };
         claimed.looked_fresh = room > 0;
         claimed.fresh_highest = claimed.highest_of_all();
-        if let Some(first) = first {
-            // Due events that filled their share may not be all: the next claim looks for
-            // them first again, rather than a poll interval later (and the next pass follows
-            // at once).
-            claimed.more_due = first.len() == due_share;
+        if let Some(mut first) = first {
+            let found = first.len();
+            first.truncate(limit - claimed.len());
+            // Due events left out, or that filled the whole limit, may not be all: the next
+            // claim looks for them first again, rather than a poll interval later (and the next
+            // pass follows at once).
+            claimed.more_due = found == limit || first.len() < found;
             claimed.looked_due = !claimed.more_due;
             claimed.add_due(first);
         } else if due == DueLook::IfRoom && claimed.len() < limit {

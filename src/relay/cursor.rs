@@ -214,6 +214,14 @@ impl ClaimStart {
         }
     }
 
+    /// Moves the cursor back to `id` if it is past it: events above `id` that the claims passed
+    /// by (the later events of the key of the failed event `id`) may be claimed now.
+    pub fn rewind(&mut self, id: i64) {
+        if let Some(cursor) = self.cursor.as_mut() {
+            cursor.above = cursor.above.min(id);
+        }
+    }
+
     /// Forgets the cursor and the settled partitions: events below it were left unpublished
     /// (held back, or the batch rolled back), or events with lower ids were written (moved from
     /// `outbox_delayed`).
@@ -252,6 +260,23 @@ mod tests {
             Verdict::Keep
         );
         assert_eq!(start.above(Some(7), &LANES), Some(250));
+    }
+
+    #[test]
+    fn a_rewound_cursor_starts_at_the_released_event_and_stays_valid() {
+        let mut start = ClaimStart::default();
+        start.claimed(Some(7), 7, None, Some(100), &LANES);
+        start.rewind(40);
+        assert_eq!(start.above(Some(7), &LANES), Some(40));
+        // Never forward.
+        start.rewind(90);
+        assert_eq!(start.above(Some(7), &LANES), Some(40));
+        // Still bound to the enqueue counts it was reached at.
+        assert_eq!(start.above(Some(8), &LANES), None);
+        // Without a cursor there is nothing to move: the next claim starts from the lowest id.
+        let mut none = ClaimStart::default();
+        none.rewind(40);
+        assert_eq!(none.above(Some(7), &LANES), None);
     }
 
     #[test]
