@@ -98,7 +98,7 @@ impl Relay {
         let mut next = self.claim(chunk, &scope);
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
-        // Whether a claim left due events behind that it had no room for.
+        // Whether a claim that looked for due events first left some out or was filled by them.
         let mut more_due = false;
         let mut order = PassOrder::default();
         // The lowest id of the events that had failed and went out or to outbox_dead in this
@@ -355,7 +355,8 @@ impl Relay {
 
     /// Takes the mark back from each event that failed, charges it an attempt and schedules its
     /// retry; buries those out of attempts, and those that retrying cannot help. Returns the
-    /// lowest id buried.
+    /// lowest id buried among events that had failed before this pass (claims may have passed
+    /// by the later events of their keys; an event failing for the first time held none back).
     fn charge_failures(&mut self, failures: Vec<Failure>) -> Option<i64> {
         let statements = self.extension.statements()?;
         let charges: Vec<(i64, String, Duration)> = failures
@@ -372,6 +373,7 @@ impl Relay {
             .collect();
         let (index, max_attempts) = (self.index, self.settings.max_attempts);
         let mut exhausted = Vec::new();
+        let mut released = None;
         let mut last_error = None;
         for failure in failures {
             let Some(&attempts) = attempts.get(&failure.id) else {
@@ -385,6 +387,9 @@ impl Relay {
                      {attempts} failed attempts: {error}"
                 );
                 exhausted.push(id);
+                if failure.attempts > 0 {
+                    released = lowest(released, Some(id));
+                }
             } else {
                 if attempts == 1 {
                     warning!(
@@ -398,12 +403,11 @@ impl Relay {
             }
             last_error = Some(error);
         }
-        let buried = exhausted.iter().copied().min();
-        if buried.is_some() {
+        if !exhausted.is_empty() {
             statements.bury(exhausted);
         }
         self.slot.set_error(last_error.as_deref(), worker::now());
-        buried
+        released
     }
 }
 

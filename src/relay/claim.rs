@@ -436,8 +436,9 @@ impl Statements {
         // the fresh events of the rest, so that neither kind waits for the other to run out;
         // what the fresh events leave goes to more due events. They are claimed up to the
         // whole limit at once: a second claim of them would take the same rows again (rows
-        // this transaction locked are not skipped). Those left out stay unpublished, claimed
-        // by a later pass.
+        // this transaction locked are not skipped). Those left out stay unpublished (and
+        // locked until the transaction ends); the next claim, which looks for due events
+        // first again, takes them back.
         let due_share = limit.div_ceil(2);
         let first = match due {
             DueLook::First => Some(run(&self.claim_due, limit, None)),

@@ -49,9 +49,9 @@ pub enum DueLook {
     Skip,
     /// In the room the events that never failed leave.
     IfRoom,
-    /// Before the events that never failed, sure of half the room (all of a room of one), the
-    /// fresh events of the rest: a backlog that fills every batch would otherwise hold retries
-    /// off until it drained.
+    /// Before the events that never failed, sure of half the room (all of a room of one) and
+    /// given what the fresh events leave of the rest: a backlog that fills every batch would
+    /// otherwise hold retries off until it drained.
     First,
 }
 
