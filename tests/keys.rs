@@ -594,6 +594,56 @@ fn a_rejected_event_holds_back_only_its_own_key() {
     assert_eq!(broken, [r#"{"n": 0}"#, r#"{"n": 10}"#, r#"{"n": 11}"#]);
 }
 
+/// Events charged by someone else than this worker (by hand here; another worker before the
+/// shares moved) are failing events the worker learns of only at its next look for them, up to
+/// 100 ms later. Due meanwhile, two of one key still go out in id order, whichever is due first.
+#[test]
+fn due_events_of_one_key_go_out_in_id_order_whoever_charged_them() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.batch_size", "1"), ("outbox.poll_interval", "10ms")],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    std::thread::sleep(Duration::from_millis(500));
+    const KEYS: usize = 5;
+    for k in 0..KEYS {
+        // The later event is due a second before the earlier one.
+        client
+            .batch_execute(&format!(
+                "BEGIN; \
+                 SELECT outbox_enqueue('orders', '{{\"n\": 1}}', 'k{k}'); \
+                 SELECT outbox_enqueue('orders', '{{\"n\": 2}}', 'k{k}'); \
+                 UPDATE outbox SET attempts = 1, last_error = 'charged by hand', \
+                   next_attempt_at = now() - CASE WHEN payload->>'n' = '1' \
+                     THEN interval '1 second' ELSE interval '2 seconds' END \
+                 WHERE key = 'k{k}'; \
+                 COMMIT"
+            ))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(37));
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("orders") == 2 * KEYS),
+        "the events charged by hand did not go out"
+    );
+    let mut order: HashMap<String, Vec<String>> = HashMap::new();
+    for (_, fields) in redis.entries("orders") {
+        order
+            .entry(fields["key"].clone())
+            .or_default()
+            .push(fields["payload"].clone());
+    }
+    for (key, payloads) in &order {
+        assert_eq!(
+            payloads,
+            &[r#"{"n": 1}"#, r#"{"n": 2}"#],
+            "key {key}: its events went out in this order"
+        );
+    }
+}
+
 /// Once a rejected event goes out (or to `outbox_dead`), the later events of its key, which the
 /// claims passed by while it failed, follow at once: no commit wakes the relay for them, and
 /// the poll is 10 s away here.

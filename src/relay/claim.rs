@@ -161,7 +161,8 @@ pub struct Statements {
     /// The fresh claim above an id, and below it (see [`Statements::claim`]).
     claim_fresh_above: Claim,
     claim_fresh_below: Claim,
-    claim_due: Claim,
+    /// The claim of due events, guarded only: a due event has failed, or was put back by hand.
+    claim_due: OwnedPreparedStatement,
     /// Whether an event in a range of lanes has failed and is not yet published.
     failing: OwnedPreparedStatement,
     /// Moves due events of a range of lanes from `outbox_delayed` into `outbox`.
@@ -293,15 +294,22 @@ impl Statements {
                 true,
             ),
             // Events whose retry delay is over, through the index of waiting events: however
-            // many wait, only the due ones are read.
-            claim_due: prepare_claim(
-                &s,
-                "o.published_at IS NULL \
-                 AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()",
-                // Among due events of one key only the earliest passes the check above, so
-                // the index's order is enough.
-                "o.next_attempt_at",
-                false,
+            // many wait, only the due ones are read. Always with the check of failed keys: the
+            // worker learns of events charged by another worker (before the shares moved) or
+            // by hand only at its next look for failing events, up to `FAILING_RECHECK` later,
+            // and two due events of one key must not go out by their retry times.
+            claim_due: prepare(
+                &claim_sql(
+                    &s,
+                    "outbox",
+                    "o.published_at IS NULL \
+                     AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()",
+                    // Among due events of one key only the earliest passes the check, so the
+                    // index's order is enough.
+                    "o.next_attempt_at",
+                    &failed_key_guard(&s),
+                ),
+                &claim_args(false),
             ),
             failing: prepare(
                 &format!(
@@ -441,7 +449,7 @@ impl Statements {
         // first again, takes them back.
         let due_share = limit.div_ceil(2);
         let first = match due {
-            DueLook::First => Some(run(&self.claim_due, limit, None)),
+            DueLook::First => Some(run_claim(&self.claim_due, limit, &scope.lanes, None)),
             _ => None,
         };
         let room = limit - first.as_ref().map_or(0, |due| due.len().min(due_share));
@@ -485,7 +493,7 @@ impl Statements {
             claimed.add_due(first);
         } else if due == DueLook::IfRoom && claimed.len() < limit {
             claimed.looked_due = true;
-            let due = run(&self.claim_due, limit - claimed.len(), None);
+            let due = run_claim(&self.claim_due, limit - claimed.len(), &scope.lanes, None);
             claimed.add_due(due);
         }
         claimed
