@@ -17,6 +17,7 @@ pub mod encode;
 mod extension;
 pub mod launcher;
 mod link;
+mod mailbox;
 mod order;
 mod pipeline;
 mod prune;

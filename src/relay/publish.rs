@@ -14,10 +14,9 @@
 use std::thread;
 use std::time::Duration;
 
-use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
-
 use super::connection::{self, Connection};
 use super::encode::Event;
+use super::mailbox::{self, Receiver, RecvTimeoutError, Sender};
 use super::pipeline::Chunk;
 use crate::gucs::RedisMode;
 
@@ -96,8 +95,8 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn spawn(target: Target) -> Publisher {
-        let (commands, incoming) = unbounded::<Command>();
-        let (outgoing, replies) = unbounded::<Reply>();
+        let (commands, incoming) = mailbox::channel::<Command>();
+        let (outgoing, replies) = mailbox::channel::<Reply>();
         // The thread is born with every signal blocked (a thread inherits its creator's mask):
         // blocking them only once it runs left a moment in which a SIGTERM could land there,
         // and PostgreSQL's handler may only run on the main thread.
@@ -194,7 +193,7 @@ impl RedisSide {
         block_signals();
         loop {
             let command = if self.committed.is_empty() || self.cleanup_failed {
-                incoming.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                incoming.recv().ok_or(RecvTimeoutError::Disconnected)
             } else {
                 incoming.recv_timeout(CLEANUP_AFTER)
             };
