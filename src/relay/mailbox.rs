@@ -75,7 +75,8 @@ impl<T> Sender<T> {
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         self.0.lock().sender_gone = true;
-        self.0.ready.notify_one();
+        // Every waiter learns it, should a receiver ever be shared.
+        self.0.ready.notify_all();
     }
 }
 
@@ -95,9 +96,12 @@ impl<T> Receiver<T> {
         }
     }
 
-    /// The next message, waiting up to `timeout`.
+    /// The next message, waiting up to `timeout` (as long as it takes for one too long to
+    /// count).
     pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
-        let deadline = Instant::now() + timeout;
+        let Some(deadline) = Instant::now().checked_add(timeout) else {
+            return self.recv().ok_or(RecvTimeoutError::Disconnected);
+        };
         let mut state = self.0.lock();
         loop {
             if let Some(message) = state.queue.pop_front() {
@@ -181,6 +185,33 @@ mod tests {
             rx.recv_timeout(Duration::from_secs(10)),
             Err(RecvTimeoutError::Disconnected)
         );
+        sender.join().unwrap();
+    }
+
+    #[test]
+    fn a_timeout_too_long_to_count_waits_for_the_message() {
+        let (tx, rx) = channel();
+        let sender = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(30));
+            tx.send(5).unwrap();
+            tx
+        });
+        assert_eq!(rx.recv_timeout(Duration::MAX), Ok(5));
+        drop(sender.join().unwrap());
+        assert_eq!(
+            rx.recv_timeout(Duration::MAX),
+            Err(RecvTimeoutError::Disconnected)
+        );
+    }
+
+    #[test]
+    fn a_gone_sender_wakes_a_receiver_waiting_without_timeout() {
+        let (tx, rx) = channel::<u8>();
+        let sender = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(30));
+            drop(tx);
+        });
+        assert_eq!(rx.recv(), None);
         sender.join().unwrap();
     }
 
