@@ -84,24 +84,17 @@ impl<T> Receiver<T> {
     /// The next message, waiting as long as it takes; `None` once the sender is gone and
     /// every message was taken.
     pub fn recv(&self) -> Option<T> {
-        let mut state = self.0.lock();
-        loop {
-            if let Some(message) = state.queue.pop_front() {
-                return Some(message);
-            }
-            if state.sender_gone {
-                return None;
-            }
-            state = self.0.ready.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
+        self.wait(None).ok()
     }
 
     /// The next message, waiting up to `timeout` (as long as it takes for one too long to
     /// count).
     pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
-        let Some(deadline) = Instant::now().checked_add(timeout) else {
-            return self.recv().ok_or(RecvTimeoutError::Disconnected);
-        };
+        self.wait(Instant::now().checked_add(timeout))
+    }
+
+    /// The next message, waiting until `deadline`, or without one as long as it takes.
+    fn wait(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
         let mut state = self.0.lock();
         loop {
             if let Some(message) = state.queue.pop_front() {
@@ -110,16 +103,20 @@ impl<T> Receiver<T> {
             if state.sender_gone {
                 return Err(RecvTimeoutError::Disconnected);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(RecvTimeoutError::Timeout);
-            }
-            state = self
-                .0
-                .ready
-                .wait_timeout(state, left)
-                .map(|(state, _)| state)
-                .unwrap_or_else(|e| e.into_inner().0);
+            let ready = &self.0.ready;
+            state = match deadline {
+                None => ready.wait(state).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(RecvTimeoutError::Timeout);
+                    }
+                    ready
+                        .wait_timeout(state, left)
+                        .map(|(state, _)| state)
+                        .unwrap_or_else(|e| e.into_inner().0)
+                }
+            };
         }
     }
 }
