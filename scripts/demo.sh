@@ -15,6 +15,7 @@ work="$(mktemp -d /tmp/outbox-demo.XXXXXX)"
 give_to_pg "$work"
 pg_port="$(free_port)"
 redis_port="$(free_port)"
+while [ "$redis_port" = "$pg_port" ]; do redis_port="$(free_port)"; done
 
 cleanup() {
   say "Stopping the servers and removing $work"

@@ -76,6 +76,20 @@ fn relay_log(pg: &Pg) -> Vec<String> {
         .collect()
 }
 
+/// A port handed to a server that has not bound it yet is free to the kernel, which may offer it
+/// again: a cluster once got one port for two of its nodes, one of which never started, and a
+/// primary with no replica made the relay's `WAIT 1` time out. No port goes out twice.
+#[test]
+fn the_harness_never_hands_out_a_port_twice() {
+    let mut seen = BTreeSet::new();
+    for _ in 0..500 {
+        let port = common::free_port();
+        assert!(seen.insert(port), "free_port handed out {port} twice");
+        let port = common::topology::cluster_port();
+        assert!(seen.insert(port), "cluster_port handed out {port} twice");
+    }
+}
+
 #[test]
 fn a_cluster_failover_and_a_reshard_during_the_drain_lose_nothing() {
     let mut cluster = Cluster::start(3);

@@ -6,12 +6,13 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub use postgres::Client;
@@ -49,12 +50,29 @@ pub fn next_entry(
         .map(|(id, _)| id)
 }
 
-/// A port nobody listens on right now.
+/// Ports this process has handed out. A server binds its port a moment after it is handed the
+/// number; until then the kernel counts the port as free and may offer it again.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// Takes `port` for this process: false if it was handed out before.
+pub fn claim_port(port: u16) -> bool {
+    HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert(port)
+}
+
+/// A port nobody listens on right now and this process has not handed out before.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("no free port");
+        if claim_port(port) {
+            return port;
+        }
+    }
 }
 
 /// Polls `condition` every 20 ms until it holds or `timeout` passes; returns whether it held.

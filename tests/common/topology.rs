@@ -11,11 +11,15 @@ use std::time::Duration;
 
 use super::{run, scratch_dir, wait_until};
 
-/// A port free for a cluster node: below 55535, with its bus port (+10000) free too.
-fn cluster_port() -> u16 {
+/// A port free for a cluster node: below 55535, with its bus port (+10000) free too; both are
+/// kept from being handed out again.
+pub fn cluster_port() -> u16 {
     loop {
         let port = super::free_port();
-        if port < 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+        if port < 55535
+            && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok()
+            && super::claim_port(port + 10000)
+        {
             return port;
         }
         // Ephemeral ports are mostly above 32768: try one from a lower range.
@@ -23,6 +27,8 @@ fn cluster_port() -> u16 {
             let candidate = candidate + (std::process::id() % 97) as u16;
             if TcpListener::bind(("127.0.0.1", candidate)).is_ok()
                 && TcpListener::bind(("127.0.0.1", candidate + 10000)).is_ok()
+                && super::claim_port(candidate)
+                && super::claim_port(candidate + 10000)
             {
                 return candidate;
             }
@@ -59,6 +65,14 @@ impl Node {
             .spawn()
             .expect("cannot start redis-server; is it installed?");
         self.child = Some(child);
+    }
+
+    /// Whether the node's process has not exited (`is_running` says only that it was not
+    /// killed).
+    pub fn has_not_exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
     /// SIGKILL: no shutdown, no last write to the replicas.
@@ -163,10 +177,16 @@ impl Cluster {
             .collect();
             nodes.push(Node::start(port, dir, args));
         }
-        for node in &nodes {
+        for node in &mut nodes {
             assert!(
                 wait_until(Duration::from_secs(10), || node.conn().is_ok()),
                 "cluster node {} did not start",
+                node.port
+            );
+            // A node whose port was taken exits, while another answers on that port.
+            assert!(
+                node.has_not_exited(),
+                "cluster node {} exited; was its port taken?",
                 node.port
             );
         }
