@@ -22,11 +22,6 @@ use crate::ring;
 use crate::shmem::WorkerState;
 use crate::{lane, redis_url};
 
-/// How long a worker that saw no failed event in its lanes trusts that, before looking again:
-/// an event charged by another worker (before the shares moved) or put back by hand is noticed
-/// this late, whereas the worker's own failures are noticed at once.
-const FAILING_RECHECK: Duration = Duration::from_millis(100);
-
 /// How often the relay moves due delayed events into `outbox`, at most (and at least twice per
 /// `outbox.poll_interval`); at once again while a move finds a full batch.
 const MOVE_DUE_EVERY: Duration = Duration::from_millis(100);
@@ -199,7 +194,7 @@ impl Relay {
             released = lowest(released, retried_out);
             if !failures.is_empty() {
                 scope.failing = true;
-                self.failing = true;
+                self.failing.failed();
                 // Unmarked, and scheduled for later: the claims left in this transaction pass
                 // them by.
                 released = lowest(released, self.charge_failures(failures));
@@ -306,9 +301,8 @@ impl Relay {
     }
 
     /// What this pass may claim: the lanes of the worker's share, once it holds their groups'
-    /// locks (`None` while another worker still does), and whether an event in them has failed.
-    /// That is looked up at most every [`FAILING_RECHECK`] while nothing has failed, and on
-    /// every pass while something has.
+    /// locks (`None` while another worker still does), and whether an event in them has failed
+    /// (looked up as [`retry::FailingLook`] says).
     fn scope(&mut self) -> Option<Scope> {
         let (ordinal, workers) = self.ordinal();
         let share = lane::share(ordinal, workers);
@@ -321,18 +315,15 @@ impl Relay {
             return None;
         }
         let now = Instant::now();
-        let stale = self
-            .failing_checked_at
-            .is_none_or(|at| now.duration_since(at) >= FAILING_RECHECK);
-        if self.failing || stale {
+        if self.failing.stale(&share.lanes, now) {
             if let Some(statements) = self.extension.statements() {
-                self.failing = statements.any_failing(&share.lanes);
-                self.failing_checked_at = Some(now);
+                let failing = statements.any_failing(&share.lanes);
+                self.failing.looked(&share.lanes, now, failing);
             }
         }
         Some(Scope {
             lanes: share.lanes,
-            failing: self.failing,
+            failing: self.failing.failing(),
         })
     }
 

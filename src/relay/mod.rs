@@ -128,9 +128,8 @@ struct Relay {
     activity: &'static EnqueueActivity,
     backoff: Backoff,
     retries: RetrySchedule,
-    /// Whether an event in this worker's lanes had failed when last looked (see `batch.rs`).
-    failing: bool,
-    failing_checked_at: Option<Instant>,
+    /// Whether an event in this worker's lanes had failed when last looked, and when that was.
+    failing: retry::FailingLook,
     /// When a claim last looked for events whose retry is due. Only the relay schedules retries,
     /// and an event it charged counts as failing (`attempts > 0`) until it is out: while
     /// nothing in its lanes is failing, a pass looks for due events once per
@@ -209,8 +208,7 @@ impl Relay {
             activity,
             backoff: Backoff::default(),
             retries: RetrySchedule::default(),
-            failing: false,
-            failing_checked_at: None,
+            failing: retry::FailingLook::default(),
             due_looked_at: None,
             two_phase: worker::two_phase_commit_enabled(),
             claiming_in: None,

@@ -1,8 +1,10 @@
 //! When an event that failed is tried again. The schedule itself is in the table
 //! (`next_attempt_at`), shared by every worker and kept across restarts; a worker only keeps the
 //! earliest retry it scheduled, so that it looks for due events then rather than at its next
-//! poll. Also when a claim looks for due events. Pure logic, unit-tested.
+//! poll. Also when a claim looks for due events, and when a worker looks again for failed events
+//! in its lanes. Pure logic, unit-tested.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 /// Longest wait before an event that failed is tried again.
@@ -76,6 +78,51 @@ impl DueLook {
     }
 }
 
+/// How long a worker that saw no failed event in its lanes trusts that, before looking again:
+/// an event charged or put back by hand is noticed this late, whereas the worker's own failures
+/// are noticed at once, and so are those in lanes it has just taken over.
+pub const FAILING_RECHECK: Duration = Duration::from_millis(100);
+
+/// What the worker last saw of failed events (`attempts > 0`) in its lanes, which lanes it
+/// looked at, and when.
+#[derive(Debug, Default)]
+pub struct FailingLook {
+    lanes: Option<Range<i16>>,
+    at: Option<Instant>,
+    failing: bool,
+}
+
+impl FailingLook {
+    /// Whether a pass over `lanes` at `now` looks again: on every pass while something has
+    /// failed; else once [`FAILING_RECHECK`] has passed since the last look, or at once when
+    /// `lanes` are not the lanes looked at (a share that grew holds lanes whose previous worker
+    /// may have charged an event a moment ago).
+    pub fn stale(&self, lanes: &Range<i16>, now: Instant) -> bool {
+        self.failing
+            || self.lanes.as_ref() != Some(lanes)
+            || self
+                .at
+                .is_none_or(|at| now.saturating_duration_since(at) >= FAILING_RECHECK)
+    }
+
+    /// Records a look over `lanes` at `now`.
+    pub fn looked(&mut self, lanes: &Range<i16>, now: Instant, failing: bool) {
+        self.lanes = Some(lanes.clone());
+        self.at = Some(now);
+        self.failing = failing;
+    }
+
+    /// One of the worker's own events failed: something is failing until a look says otherwise.
+    pub fn failed(&mut self) {
+        self.failing = true;
+    }
+
+    /// Whether an event had failed at the last look, or failed since.
+    pub fn failing(&self) -> bool {
+        self.failing
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +183,34 @@ mod tests {
         assert_eq!(DueLook::at(later, Some(start), poll, false), DueLook::First);
         // A clock read before the last look was recorded counts that look as recent.
         assert_eq!(DueLook::at(start, Some(soon), poll, false), DueLook::Skip);
+    }
+
+    #[test]
+    fn failed_events_are_looked_for_again_when_the_lanes_change() {
+        let start = Instant::now();
+        let soon = start + Duration::from_millis(10);
+        let half = 0..8;
+        let all = 0..16;
+        let mut look = FailingLook::default();
+        // Never looked.
+        assert!(look.stale(&half, start));
+        look.looked(&half, start, false);
+        // Nothing failed in these lanes a moment ago: trusted until FAILING_RECHECK has passed.
+        assert!(!look.stale(&half, soon));
+        assert!(look.stale(&half, start + FAILING_RECHECK));
+        // A share that grew: its new lanes were never looked at, however recent the look.
+        assert!(look.stale(&all, soon));
+        look.looked(&all, soon, false);
+        assert!(!look.stale(&all, soon));
+        // A share that shrank is another set of lanes too.
+        assert!(look.stale(&half, soon));
+        // While something fails, every pass looks.
+        look.failed();
+        assert!(look.failing());
+        assert!(look.stale(&all, soon));
+        look.looked(&all, soon, false);
+        assert!(!look.failing());
+        // A clock read before the look was recorded counts the look as recent.
+        assert!(!look.stale(&all, start));
     }
 }
