@@ -12,7 +12,7 @@ use pgrx::prelude::*;
 
 use super::claim::{self, Claimed, Failure, Scope};
 use super::cursor::{self, Reach, Verdict};
-use super::encode::Ordering;
+use super::encode::{Event, Ordering};
 use super::order::PassOrder;
 use super::publish::{Interrupted, Reply};
 use super::retry::DueLook;
@@ -112,11 +112,7 @@ impl Relay {
                 released = lowest(released, self.charge_failures(unreadable));
             }
             order.admit(&mut events);
-            let sent: Vec<(i64, String, i32, Option<String>)> = events
-                .iter()
-                .map(|e| (e.id, e.topic.clone(), e.attempts, e.key.clone()))
-                .collect();
-            if sent.is_empty() {
+            if events.is_empty() {
                 next = if got == chunk && claimed < batch_size {
                     self.claim(chunk.min(batch_size - claimed), &scope)
                 } else {
@@ -124,6 +120,7 @@ impl Relay {
                 };
                 continue;
             }
+            let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
             if !self.publisher.send(events) {
                 self.exit();
             }
@@ -131,7 +128,7 @@ impl Relay {
                 return Batch::nothing(Pass::NoExtension);
             };
             // Written while Redis works; undone by the rollback if Redis fails.
-            statements.mark_published(sent.iter().map(|e| e.0).collect());
+            statements.mark_published(ids);
             next = if got == chunk && claimed < batch_size {
                 self.claim(chunk.min(batch_size - claimed), &scope)
             } else {
@@ -145,8 +142,8 @@ impl Relay {
                 Ok(reply) => reply,
                 Err(Interrupted::Stopped) => self.exit(),
             };
-            let results = match reply {
-                Reply::Answered(results) => results,
+            let (results, sent) = match reply {
+                Reply::Answered(results, sent) => (results, sent),
                 Reply::Unavailable(error) => return self.lost_redis(error),
             };
             if self.backoff.reset() {
@@ -160,19 +157,26 @@ impl Relay {
             // Failed ones included: a later time than their rows' marks only delays emptying.
             batch.leaves |= sent
                 .iter()
-                .fold(0, |leaves, (id, ..)| leaves | 1 << ring::leaf_of(*id));
+                .fold(0, |leaves, e| leaves | 1 << ring::leaf_of(e.id));
             let published = sent.len();
             let retried_out = sent
                 .iter()
                 .zip(&results)
-                .filter(|((_, _, attempts, _), result)| *attempts > 0 && result.is_ok())
-                .map(|((id, ..), _)| *id)
+                .filter(|(e, result)| e.attempts > 0 && result.is_ok())
+                .map(|(e, _)| e.id)
                 .min();
             let failures: Vec<Failure> = sent
                 .into_iter()
                 .zip(results)
-                .filter_map(|((id, topic, attempts, key), result)| {
+                .filter_map(|(event, result)| {
                     let error = result.err()?;
+                    let Event {
+                        id,
+                        topic,
+                        attempts,
+                        key,
+                        ..
+                    } = event;
                     // The later events of its key wait: those claimed in this pass are held
                     // back (unmarked, they are claimed again once this one is out), and the
                     // claims after this one pass them by in SQL.

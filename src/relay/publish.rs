@@ -75,8 +75,9 @@ enum Command {
 
 /// What became of a chunk.
 pub enum Reply {
-    /// Redis answered: one result per event, in the chunk's order.
-    Answered(Vec<Result<(), String>>),
+    /// Redis answered: one result per event, in the chunk's order, and the chunk itself, handed
+    /// back so that its events are dropped by the thread that allocated them.
+    Answered(Vec<Result<(), String>>, Vec<Event>),
     /// Redis could not be used at all; nothing may be marked.
     Unavailable(String),
 }
@@ -200,7 +201,7 @@ impl RedisSide {
             match command {
                 Ok(Command::Configure(target)) => self.target = target,
                 Ok(Command::Publish(events)) => {
-                    if outgoing.send(self.publish(&events)).is_err() {
+                    if outgoing.send(self.publish(events)).is_err() {
                         return;
                     }
                 }
@@ -222,10 +223,10 @@ impl RedisSide {
         }
     }
 
-    fn publish(&mut self, events: &[Event]) -> Reply {
+    fn publish(&mut self, events: Vec<Event>) -> Reply {
         let chunk = Chunk {
             target: &self.target,
-            events,
+            events: &events,
             cleanup: &self.committed,
         };
         match connection::publish(&mut self.connection, &chunk) {
@@ -233,7 +234,7 @@ impl RedisSide {
                 self.committed.clear();
                 self.cleanup_failed = false;
                 self.in_flight.extend(answer.markers);
-                Reply::Answered(answer.results)
+                Reply::Answered(answer.results, events)
             }
             Err(error) => Reply::Unavailable(error),
         }
