@@ -295,9 +295,9 @@ impl Statements {
             ),
             // Events whose retry delay is over, through the index of waiting events: however
             // many wait, only the due ones are read. Always with the check of failed keys: the
-            // worker learns of events charged by hand only at its next look for failing events,
-            // up to `FAILING_RECHECK` later, and two due events of one key must not go out by
-            // their retry times.
+            // worker may learn of events charged elsewhere (by hand, see `FAILING_RECHECK`)
+            // only at its next look for failing events, up to `FAILING_RECHECK` later, and two
+            // due events of one key must not go out by their retry times.
             claim_due: prepare(
                 &claim_sql(
                     &s,

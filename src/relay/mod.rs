@@ -128,7 +128,8 @@ struct Relay {
     activity: &'static EnqueueActivity,
     backoff: Backoff,
     retries: RetrySchedule,
-    /// Whether an event in this worker's lanes had failed when last looked, and when that was.
+    /// Whether an event in this worker's lanes had failed when last looked, over which lanes,
+    /// and when that was.
     failing: retry::FailingLook,
     /// When a claim last looked for events whose retry is due. Only the relay schedules retries,
     /// and an event it charged counts as failing (`attempts > 0`) until it is out: while

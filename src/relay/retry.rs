@@ -79,8 +79,9 @@ impl DueLook {
 }
 
 /// How long a worker that saw no failed event in its lanes trusts that, before looking again:
-/// an event charged or put back by hand is noticed this late, whereas the worker's own failures
-/// are noticed at once, and so are those in lanes it has just taken over.
+/// an event charged by hand is noticed this late (and one charged by another worker in lanes
+/// that went to it and came back between two looks), whereas the worker's own failures are
+/// noticed at once, and so are those in lanes other than the ones it last looked at.
 pub const FAILING_RECHECK: Duration = Duration::from_millis(100);
 
 /// What the worker last saw of failed events (`attempts > 0`) in its lanes, which lanes it
@@ -204,6 +205,12 @@ mod tests {
         assert!(!look.stale(&all, soon));
         // A share that shrank is another set of lanes too.
         assert!(look.stale(&half, soon));
+        // A look that found a failed event is followed by another at the next pass.
+        look.looked(&all, soon, true);
+        assert!(look.failing());
+        assert!(look.stale(&all, soon));
+        look.looked(&all, soon, false);
+        assert!(!look.stale(&all, soon));
         // While something fails, every pass looks.
         look.failed();
         assert!(look.failing());
