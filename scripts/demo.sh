@@ -14,8 +14,7 @@ bindir="$("$PG_CONFIG" --bindir)"
 work="$(mktemp -d /tmp/outbox-demo.XXXXXX)"
 give_to_pg "$work"
 pg_port="$(free_port)"
-redis_port="$(free_port)"
-while [ "$redis_port" = "$pg_port" ]; do redis_port="$(free_port)"; done
+redis_port="$(free_port "$pg_port")"
 
 cleanup() {
   say "Stopping the servers and removing $work"

@@ -59,11 +59,13 @@ as_pg() { if is_root; then runuser -u postgres -- "$@"; else "$@"; fi; }
 # Hands a directory to whoever runs the server.
 give_to_pg() { if is_root; then chown -R postgres:postgres "$1"; fi; }
 
-# Prints a TCP port on 127.0.0.1 that nothing listens on.
+# Prints a TCP port on 127.0.0.1 that nothing listens on and that is none of the ports given as
+# arguments (ones already handed to servers that may not listen yet).
 free_port() {
   local port
   while :; do
     port=$((20000 + RANDOM % 40000))
+    case " $* " in *" $port "*) continue ;; esac
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
       return
