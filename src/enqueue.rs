@@ -30,10 +30,18 @@ pub enum InputError {
     EmptyTopic,
     TopicTooLong(usize),
     TopicControlCharacter(usize),
-    PayloadTooLarge { size: usize, limit: usize },
+    PayloadTooLarge {
+        size: usize,
+        limit: usize,
+    },
     HeadersNotObjectOfStrings,
-    HeadersTooLarge { size: usize, limit: usize },
+    HeadersTooLarge {
+        size: usize,
+        limit: usize,
+    },
     NegativeDelay,
+    /// `deliver_after` is `'infinity'` (PostgreSQL 17 and later): the event would never be due.
+    InfiniteDelay,
 }
 
 impl InputError {
@@ -46,7 +54,8 @@ impl InputError {
             | InputError::TopicTooLong(_)
             | InputError::TopicControlCharacter(_)
             | InputError::HeadersNotObjectOfStrings
-            | InputError::NegativeDelay => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            | InputError::NegativeDelay
+            | InputError::InfiniteDelay => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             InputError::PayloadTooLarge { .. } | InputError::HeadersTooLarge { .. } => {
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED
             }
@@ -74,6 +83,7 @@ impl InputError {
                 "outbox_enqueue: headers are {size} bytes of JSON, larger than outbox.max_payload_size ({limit} bytes)"
             ),
             InputError::NegativeDelay => "outbox_enqueue: deliver_after must not be negative".into(),
+            InputError::InfiniteDelay => "outbox_enqueue: deliver_after must be finite".into(),
         }
     }
 
@@ -89,7 +99,7 @@ impl InputError {
             InputError::HeadersNotObjectOfStrings => Some(
                 "Pass headers such as '{\"traceparent\": \"00-...-01\"}', or NULL for none.",
             ),
-            InputError::NegativeDelay => {
+            InputError::NegativeDelay | InputError::InfiniteDelay => {
                 Some("Pass NULL or a positive interval such as '5 minutes'.")
             }
             InputError::NullTopic
@@ -218,7 +228,9 @@ fn outbox_lane(fcinfo: pg_sys::FunctionCallInfo) -> Option<i16> {
 }
 
 /// When an event enqueued with `deliver_after = delay` is due: the transaction's start plus the
-/// delay, or `None` for a delay of zero (due at once). A negative delay is refused.
+/// delay, or `None` for a delay of zero (due at once). A negative delay is refused, and so is an
+/// infinite one, which PostgreSQL 17 and later accept and which would keep the event waiting
+/// for ever.
 ///
 /// # Safety
 /// `delay` must be a non-null interval datum.
@@ -230,8 +242,13 @@ unsafe fn deliver_at(delay: pg_sys::Datum) -> Option<pg_sys::Datum> {
             pg_sys::timestamptz_pl_interval,
             &[Some(start), Some(delay)],
         )?;
-        let order = (due.value() as i64).cmp(&(start.value() as i64));
-        match order {
+        let due_at = due.value() as i64;
+        // `'infinity'` as a timestamp: the latest one (a finite interval that went past the
+        // latest finite timestamp has already failed, out of range).
+        if due_at == i64::MAX {
+            raise(InputError::InfiniteDelay);
+        }
+        match due_at.cmp(&(start.value() as i64)) {
             std::cmp::Ordering::Less => raise(InputError::NegativeDelay),
             std::cmp::Ordering::Equal => None,
             std::cmp::Ordering::Greater => Some(due),

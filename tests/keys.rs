@@ -237,6 +237,44 @@ fn bad_headers_and_negative_delays_are_refused() {
     assert_eq!(due, 2);
 }
 
+/// An infinite delay (an interval PostgreSQL 17 and later accept) would keep the event waiting
+/// forever: it is refused with 22023, as a negative one is, and nothing is written. Before 17,
+/// PostgreSQL's own interval input refuses it (22007).
+#[test]
+fn an_infinite_delay_is_refused() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    let mut client = pg.with_extension();
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    let expected = if version >= 170000 { "22023" } else { "22007" };
+    for delay in [
+        "'infinity'",
+        "'infinity'::interval",
+        "'1 day'::interval + 'infinity'",
+    ] {
+        let result = client.query_one(
+            &format!("SELECT outbox_enqueue('t', '{{}}', deliver_after => {delay})"),
+            &[],
+        );
+        let error = result.expect_err(delay);
+        assert_eq!(sqlstate(&error), expected, "{delay}: {error:?}");
+        if expected == "22023" {
+            let message = error.as_db_error().unwrap().message().to_string();
+            assert!(message.contains("deliver_after"), "{message}");
+        }
+    }
+    let written: i64 = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM outbox_delayed)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(written, 0, "a refused call wrote a row");
+}
+
 /// A delayed event is not published before its time, and goes out within the poll interval of
 /// it; events enqueued beside it go out at once.
 #[test]
