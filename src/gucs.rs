@@ -412,6 +412,16 @@ unsafe fn candidate<'a>(newval: *mut *mut c_char) -> Option<&'a str> {
     }
 }
 
+/// Sets the message of a failed GUC check, in place of PostgreSQL's, which quotes the value.
+fn check_message(message: &str) {
+    let msg = CString::new(message.replace('\0', "")).unwrap_or_default();
+    // SAFETY: GUC_check_errmsg_string is PostgreSQL's documented way for a check hook to report
+    // its message; it takes ownership of a palloc'd string, which pstrdup makes.
+    unsafe {
+        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(msg.as_ptr());
+    }
+}
+
 /// Sets the detail message of a failed GUC check.
 fn check_detail(message: &str) {
     let msg = CString::new(message.replace('\0', "")).unwrap_or_default();
@@ -433,6 +443,12 @@ unsafe extern "C-unwind" fn check_redis_url(
     match redis_url::validate(value) {
         Ok(()) => true,
         Err(why) => {
+            // PostgreSQL's own message would show the value as it was written, password and
+            // all, in the server log (a reload) or to the client.
+            check_message(&format!(
+                "invalid value for parameter \"outbox.redis_url\": \"{}\"",
+                redis_url::mask(value)
+            ));
             check_detail(&why);
             false
         }

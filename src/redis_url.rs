@@ -63,8 +63,12 @@ pub fn mask(list: &str) -> String {
 }
 
 fn mask_one(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    if url.trim().is_empty() {
         return url.to_string();
+    }
+    // Without a scheme nothing tells a password from a host: shown as nothing of it.
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "(not a URL)".to_string();
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
@@ -130,5 +134,12 @@ mod tests {
             mask("redis://:a@h:1, redis://:b@h:2"),
             "redis://:***@h:1, redis://:***@h:2"
         );
+        assert_eq!(mask("redis://h:1,"), "redis://h:1,");
+    }
+
+    #[test]
+    fn masks_what_is_not_a_url_whole() {
+        assert_eq!(mask("redis//:s3cret@h"), "(not a URL)");
+        assert_eq!(mask("redis://h:1,x:s3cret@y"), "redis://h:1,(not a URL)");
     }
 }

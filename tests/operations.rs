@@ -427,6 +427,45 @@ fn the_redis_password_stays_secret() {
     assert!(wait_until(Duration::from_secs(20), || redis.xlen("secret") == 3));
 }
 
+/// A value of `outbox.redis_url` that its check refuses at a reload is logged by PostgreSQL;
+/// the log line shows it with its passwords masked, or not at all when it cannot be read well
+/// enough to mask.
+#[test]
+fn a_refused_redis_url_reaches_the_log_without_its_password() {
+    let mut pg = Pg::start(&[("outbox.workers", "0")]);
+    let refused = [
+        // URLs that disagree on their password.
+        "redis://:first-s3cret@127.0.0.1:1,redis://:second-s3cret@127.0.0.1:2",
+        // A port out of range.
+        "redis://:port-s3cret@127.0.0.1:99999",
+        // No scheme: nothing tells a password from a host.
+        "redis//:scheme-s3cret@127.0.0.1",
+        "127.0.0.1:6379,x:bare-s3cret@y",
+    ];
+    for (done, value) in refused.iter().enumerate() {
+        pg.set(&[("outbox.redis_url", value)]);
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                pg.log().matches("contains errors").count() > done
+            }),
+            "the reload with {value} was not refused:\n{}",
+            pg.log()
+        );
+    }
+    let log = pg.log();
+    assert_eq!(
+        log.matches("invalid value for parameter \"outbox.redis_url\"")
+            .count(),
+        refused.len(),
+        "{log}"
+    );
+    assert!(log.contains("redis://:***@127.0.0.1:1"), "{log}");
+    assert!(
+        !log.contains("s3cret"),
+        "a password reached the server log:\n{log}"
+    );
+}
+
 #[test]
 fn a_monitoring_role_needs_only_select_on_the_views() {
     let redis = Redis::start();
