@@ -17,7 +17,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, varlena, IntoDatum, PgLogLevel, PgSqlErrorCode};
 
-use crate::{gucs, insert, lane, wake};
+use crate::{gucs, insert, lane, utf8, wake};
 
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.
 pub const MAX_TOPIC_BYTES: usize = 256;
@@ -109,17 +109,25 @@ impl InputError {
     }
 }
 
-/// Checks a topic's bytes: not empty, at most [`MAX_TOPIC_BYTES`], no control character (C0,
-/// DEL, or a C1 control encoded in UTF-8).
-pub fn check_topic(topic: &[u8]) -> Result<(), InputError> {
-    if topic.is_empty() {
+/// Checks a topic: its bytes as stored (`stored`, in the database's encoding) not empty and at
+/// most [`MAX_TOPIC_BYTES`]; no control character (C0, DEL, or C1) in the text it is, read in
+/// its UTF-8 form (`utf8`, the form Redis gets). Without that form (text the database's encoding
+/// cannot give as UTF-8, which the relay will bury), the stored bytes are checked for C0 and
+/// DEL, which are the same bytes in every server encoding. The position is in the form checked.
+pub fn check_topic(stored: &[u8], utf8: Option<&[u8]>) -> Result<(), InputError> {
+    if stored.is_empty() {
         return Err(InputError::EmptyTopic);
     }
-    if topic.len() > MAX_TOPIC_BYTES {
-        return Err(InputError::TopicTooLong(topic.len()));
+    if stored.len() > MAX_TOPIC_BYTES {
+        return Err(InputError::TopicTooLong(stored.len()));
     }
-    let c1 = |at: usize| topic[at] == 0xC2 && matches!(topic.get(at + 1), Some(0x80..=0x9F));
-    if let Some(at) = (0..topic.len()).find(|&at| topic[at] < 0x20 || topic[at] == 0x7F || c1(at)) {
+    let (text, c1_too) = match utf8 {
+        Some(text) => (text, true),
+        None => (stored, false),
+    };
+    let c1 =
+        |at: usize| c1_too && text[at] == 0xC2 && matches!(text.get(at + 1), Some(0x80..=0x9F));
+    if let Some(at) = (0..text.len()).find(|&at| text[at] < 0x20 || text[at] == 0x7F || c1(at)) {
         return Err(InputError::TopicControlCharacter(at));
     }
     Ok(())
@@ -159,7 +167,14 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         let topic_datum = pg_getarg_datum_raw(fcinfo, 0);
         let payload_datum = pg_getarg_datum_raw(fcinfo, 1);
         let topic = text_bytes(topic_datum);
-        if let Err(error) = check_topic(topic) {
+        let converted;
+        let topic_utf8 = if utf8::database_is_utf8() {
+            Some(topic)
+        } else {
+            converted = utf8::to_utf8(topic).ok();
+            converted.as_deref()
+        };
+        if let Err(error) = check_topic(topic, topic_utf8) {
             raise(error);
         }
         let limit = gucs::max_payload_size();
@@ -329,42 +344,72 @@ unsafe fn notify(channel: *const std::ffi::c_char, topic: pg_sys::Datum) {
 mod tests {
     use super::*;
 
+    /// A topic of a UTF-8 database.
+    fn check(topic: &[u8]) -> Result<(), InputError> {
+        check_topic(topic, Some(topic))
+    }
+
     #[test]
     fn accepts_ordinary_topics() {
-        assert_eq!(check_topic("account.created".as_bytes()), Ok(()));
-        assert_eq!(check_topic("orders/eu-west:v2 ünïcode".as_bytes()), Ok(()));
-        assert_eq!(check_topic("x".repeat(MAX_TOPIC_BYTES).as_bytes()), Ok(()));
+        assert_eq!(check("account.created".as_bytes()), Ok(()));
+        assert_eq!(check("orders/eu-west:v2 ünïcode".as_bytes()), Ok(()));
+        assert_eq!(check("x".repeat(MAX_TOPIC_BYTES).as_bytes()), Ok(()));
         // U+00A0 and U+00A1 share the C1 controls' lead byte and are not controls.
-        assert_eq!(check_topic("a\u{a0}\u{a1}".as_bytes()), Ok(()));
+        assert_eq!(check("a\u{a0}\u{a1}".as_bytes()), Ok(()));
     }
 
     #[test]
     fn refuses_empty_long_and_control_topics() {
-        assert_eq!(check_topic("".as_bytes()), Err(InputError::EmptyTopic));
+        assert_eq!(check("".as_bytes()), Err(InputError::EmptyTopic));
         assert_eq!(
-            check_topic("x".repeat(MAX_TOPIC_BYTES + 1).as_bytes()),
+            check("x".repeat(MAX_TOPIC_BYTES + 1).as_bytes()),
             Err(InputError::TopicTooLong(MAX_TOPIC_BYTES + 1))
         );
         // The limit is in bytes: 129 two-byte characters are 258 bytes.
         assert_eq!(
-            check_topic("é".repeat(129).as_bytes()),
+            check("é".repeat(129).as_bytes()),
             Err(InputError::TopicTooLong(258))
         );
         assert_eq!(
-            check_topic("a\nb".as_bytes()),
+            check("a\nb".as_bytes()),
             Err(InputError::TopicControlCharacter(1))
         );
         assert_eq!(
-            check_topic("tab\there".as_bytes()),
+            check("tab\there".as_bytes()),
             Err(InputError::TopicControlCharacter(3))
         );
         assert_eq!(
-            check_topic("del\u{7f}".as_bytes()),
+            check("del\u{7f}".as_bytes()),
             Err(InputError::TopicControlCharacter(3))
         );
         assert_eq!(
-            check_topic("c1\u{9f}".as_bytes()),
+            check("c1\u{9f}".as_bytes()),
             Err(InputError::TopicControlCharacter(2))
+        );
+    }
+
+    #[test]
+    fn reads_controls_in_the_text_the_topic_is() {
+        // LATIN1 "next<NEL>line": its UTF-8 form shows the C1 control.
+        assert_eq!(
+            check_topic(b"next\x85line", Some("next\u{85}line".as_bytes())),
+            Err(InputError::TopicControlCharacter(4))
+        );
+        // WIN1252 "Â€", stored as the bytes UTF-8 uses for a C1 control, is printable.
+        assert_eq!(check_topic(b"\xc2\x80", Some("Â€".as_bytes())), Ok(()));
+        // Text with no UTF-8 form: C0 and DEL are still refused, nothing else can be told.
+        assert_eq!(
+            check_topic(b"a\tb\xe9", None),
+            Err(InputError::TopicControlCharacter(1))
+        );
+        assert_eq!(check_topic(b"\xc2\x85\xe9", None), Ok(()));
+        // The limit is on the stored bytes: 256 LATIN1 "é" are 512 bytes in UTF-8.
+        assert_eq!(
+            check_topic(
+                &[0xE9; MAX_TOPIC_BYTES],
+                Some("é".repeat(MAX_TOPIC_BYTES).as_bytes())
+            ),
+            Ok(())
         );
     }
 

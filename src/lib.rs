@@ -22,6 +22,7 @@ mod shmem;
 mod status;
 #[cfg(not(feature = "pg13"))]
 mod step_aside;
+mod utf8;
 mod wake;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -840,6 +840,55 @@ fn a_latin1_database_publishes_its_events_as_utf8() {
     assert_no_crash(&pg, &pids);
 }
 
+/// A topic's control characters are those of the text it is, whatever the database's encoding:
+/// in LATIN1 the byte 0x85 is NEL, a C1 control, and is refused with 22023; in WIN1252 the bytes
+/// 0xC2 0x80 are "Â€", printable, and go out as such (read as UTF-8 they would look like a C1
+/// control).
+#[test]
+fn a_topics_control_characters_are_read_in_the_databases_encoding() {
+    let redis = Redis::start();
+    let pg = encoded_database(&redis, "latin", "LATIN1");
+    let mut latin = session(&pg, "latin");
+    let error = latin
+        .query_one("SELECT outbox_enqueue($1, '{}')", &[&"next\u{85}line"])
+        .unwrap_err();
+    assert_eq!(
+        error.code().map(|c| c.code()),
+        Some("22023"),
+        "a C1 control in a LATIN1 topic: {error:?}"
+    );
+    assert_eq!(one::<i64>(&mut latin, "SELECT count(*) FROM outbox"), 0);
+    drop(latin);
+
+    pg.connect()
+        .batch_execute(
+            "CREATE DATABASE win ENCODING 'WIN1252' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0",
+        )
+        .unwrap();
+    let mut win = session(&pg, "win");
+    win.batch_execute("CREATE EXTENSION outbox SCHEMA public")
+        .unwrap();
+    let id: i64 = win
+        .query_one("SELECT outbox_enqueue($1, '{}')", &[&"price.Â€"])
+        .unwrap()
+        .get(0);
+    let stored: Vec<u8> = win
+        .query_one(
+            "SELECT convert_to(topic, 'WIN1252') FROM outbox WHERE id = $1",
+            &[&id],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, b"price.\xc2\x80", "precondition: stored in WIN1252");
+    // Relayed from the second database of the same server.
+    drop(win);
+    let mut pg = pg;
+    pg.set(&[("outbox.database", "latin, win")]);
+    assert_stream_fills(&redis, "price.Â€", 1);
+    assert_eq!(redis.ids("price.Â€"), [id]);
+}
+
 /// A SQL_ASCII database stores whatever bytes it is given. Valid UTF-8 goes out as is; an event
 /// whose text is not UTF-8 cannot be sent as a Redis Stream entry of JSON: it goes to
 /// outbox_dead saying why, and the events behind it go out.

@@ -4,20 +4,20 @@
 //! session whose `search_path` is `pg_catalog, pg_temp` (see `session.rs`); the statements
 //! qualify what they call all the same.
 
-use std::ffi::CStr;
 use std::time::Duration;
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
-use pgrx::{PgOid, PgTryBuilder};
+use pgrx::PgOid;
 
 use super::cursor::Reach;
 use super::encode::{ascii_safe, Event};
 use super::retry::DueLook;
 use crate::compat;
 use crate::ring::{self, LEAVES};
+use crate::utf8;
 
 /// The schema the extension with oid `oid` lives in, and its installed version.
 pub fn extension_schema(oid: pg_sys::Oid) -> Option<(String, String)> {
@@ -613,8 +613,7 @@ fn read_events(table: SpiTupleTable) -> Claimed {
     if !types.eq(CLAIMED_TYPES) {
         error!("outbox relay: the claim's columns are not of the expected types");
     }
-    // SAFETY: reads the session's database encoding.
-    let utf8_database = unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32;
+    let utf8_database = utf8::database_is_utf8();
     let mut values = [pg_sys::Datum::from(0); CLAIMED_TYPES.len()];
     let mut nulls = [true; CLAIMED_TYPES.len()];
     for row in 0..rows {
@@ -707,42 +706,7 @@ unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String,
     let converted = if utf8_database {
         bytes.to_vec()
     } else {
-        to_utf8(bytes).map_err(|why| format!("cannot be sent as UTF-8: {why}"))?
+        utf8::to_utf8(bytes).map_err(|why| format!("cannot be sent as UTF-8: {why}"))?
     };
     String::from_utf8(converted).map_err(|e| format!("is not valid UTF-8: {e}"))
-}
-
-/// Text of a database whose encoding is not UTF-8, as UTF-8 bytes: PostgreSQL's conversion,
-/// whose error (an untranslatable character, or bytes that are not UTF-8 in a `SQL_ASCII`
-/// database) is caught and returned.
-fn to_utf8(bytes: &[u8]) -> Result<Vec<u8>, String> {
-    PgTryBuilder::new(|| {
-        // SAFETY: `bytes` is valid for its length; the result is either `bytes` itself or a
-        // NUL-terminated copy palloc'd in the current memory context.
-        unsafe {
-            let source = bytes.as_ptr().cast::<std::ffi::c_char>();
-            let result = pg_sys::pg_server_to_any(
-                source,
-                bytes.len() as i32,
-                pg_sys::pg_enc::PG_UTF8 as i32,
-            );
-            if result.cast_const() == source {
-                Ok(bytes.to_vec())
-            } else {
-                Ok(CStr::from_ptr(result).to_bytes().to_vec())
-            }
-        }
-    })
-    .catch_others(|error| Err(caught_message(error)))
-    .execute()
-}
-
-fn caught_message(error: pg_sys::panic::CaughtError) -> String {
-    match error {
-        pg_sys::panic::CaughtError::PostgresError(report)
-        | pg_sys::panic::CaughtError::ErrorReport(report)
-        | pg_sys::panic::CaughtError::RustPanic {
-            ereport: report, ..
-        } => report.message().to_string(),
-    }
 }
