@@ -23,6 +23,8 @@ mod status;
 #[cfg(not(feature = "pg13"))]
 mod step_aside;
 mod utf8;
+#[cfg(not(feature = "pg13"))]
+mod utility;
 mod wake;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -56,6 +58,6 @@ pub extern "C-unwind" fn _PG_init() {
     compat::reserve_guc_prefix();
     shmem::init();
     #[cfg(not(feature = "pg13"))]
-    step_aside::init();
+    utility::init();
     relay::register_workers();
 }

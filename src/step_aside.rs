@@ -1,16 +1,14 @@
 //! `DROP DATABASE` and `ALTER DATABASE ... RENAME` of a database the relay works in, without
 //! `WITH (FORCE)`: both refuse to run while anyone else is connected to it, and the relay's
-//! workers are. A utility hook, in every backend, pauses the database in shared memory (so the
-//! launcher starts no worker there), asks its workers to leave, waits for them, and lets the
-//! command run. A paused database is picked up again ten seconds later, should the command have
+//! workers are. Before such a command runs (from the utility hook, `utility.rs`, in every
+//! backend), the database is paused in shared memory (so the launcher starts no worker there),
+//! its workers are asked to leave and waited for, and the command runs. A paused database is picked up again ten seconds later, should the command have
 //! failed; after a rename, at once.
 
 use std::ffi::CStr;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 
 use crate::shmem;
 
@@ -18,19 +16,6 @@ use crate::shmem;
 const PAUSE: Duration = Duration::from_secs(10);
 /// How long the command waits for the workers to leave; `DROP DATABASE` itself waits 5 s more.
 const WAIT: Duration = Duration::from_secs(5);
-
-static PREVIOUS: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
-
-/// Installs the hook; called from `_PG_init` while preloading.
-pub fn init() {
-    // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
-    // way for an extension to take part in utility processing.
-    unsafe {
-        if PREVIOUS.set(pg_sys::ProcessUtility_hook).is_ok() {
-            pg_sys::ProcessUtility_hook = Some(process_utility);
-        }
-    }
-}
 
 /// What a statement does to a database the relay may be connected to.
 enum Leaving {
@@ -108,54 +93,39 @@ fn step_aside(name: &str) -> Option<u32> {
     Some(oid)
 }
 
-#[pg_guard]
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn process_utility(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    read_only_tree: bool,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
-    // SAFETY: PostgreSQL passes a valid statement; the hook chain is called as it was given.
-    unsafe {
-        let leaving = leaving((*pstmt).utilityStmt);
-        let paused = match &leaving {
-            // DROP DATABASE refuses to run in a transaction block: it would fail anyway.
-            Some(Leaving::Drop(_)) if pg_sys::IsTransactionBlock() => None,
-            Some(Leaving::Drop(name)) | Some(Leaving::Rename(name)) => step_aside(name),
-            None => None,
-        };
-        match PREVIOUS.get().copied().flatten() {
-            Some(previous) => previous(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-            None => pg_sys::standard_ProcessUtility(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-        }
-        // A renamed database is relayed again at once (if the setting still selects it).
-        if let (Some(Leaving::Rename(_)), Some(oid)) = (&leaving, paused) {
-            if let Some(share) = shmem::shared().and_then(|s| s.database(oid)) {
-                share.pause_until(0);
-            }
+/// A command about to drop or rename a database, and the database it paused.
+pub struct SteppingAside {
+    leaving: Leaving,
+    paused: Option<u32>,
+}
+
+/// Before a utility statement runs: if it drops or renames a database the relay works in, its
+/// workers leave first.
+///
+/// # Safety
+/// `node` must be the statement's valid parse node, or null.
+pub unsafe fn before(node: *mut pg_sys::Node) -> Option<SteppingAside> {
+    // SAFETY: guaranteed by the caller.
+    let leaving = unsafe { leaving(node) }?;
+    let paused = match &leaving {
+        // DROP DATABASE refuses to run in a transaction block: it would fail anyway.
+        // SAFETY: reads the transaction state.
+        Leaving::Drop(_) if unsafe { pg_sys::IsTransactionBlock() } => None,
+        Leaving::Drop(name) | Leaving::Rename(name) => step_aside(name),
+    };
+    Some(SteppingAside { leaving, paused })
+}
+
+/// After the statement ran: a renamed database is relayed again at once (if the setting still
+/// selects it).
+pub fn after(stepped: Option<SteppingAside>) {
+    if let Some(SteppingAside {
+        leaving: Leaving::Rename(_),
+        paused: Some(oid),
+    }) = stepped
+    {
+        if let Some(share) = shmem::shared().and_then(|s| s.database(oid)) {
+            share.pause_until(0);
         }
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! Background workers cannot LISTEN, and NOTIFY costs a global lock at commit, so the wake-up is
 //! a latch: `outbox_enqueue` only records the wish, and a transaction callback sets every
-//! worker's latch at COMMIT. A rollback or PREPARE TRANSACTION wakes nobody; the poll picks up
-//! a prepared transaction once it is committed.
+//! worker's latch at COMMIT. A rollback or PREPARE TRANSACTION wakes nobody; a `COMMIT
+//! PREPARED` wakes the relay at its own commit (the utility hook, `utility.rs`, asks for it).
 //!
 //! The same wish counts the transaction in its database's [`EnqueueActivity`] when it is made,
 //! and again once the transaction has ended: the relay claims past its last batch only while no
@@ -56,12 +56,34 @@ pub fn wrote(id: i64) {
     written.set(written.get() | 1 << ring::leaf_of(id));
 }
 
-/// `_outbox_wake()`: lets hand-written SQL (redrive) ask for the same wake-up. What it wrote
-/// may be anywhere in the ring.
-#[pg_extern(sql = false)]
-fn _outbox_wake() {
+/// Asks for the relay to be woken when the current transaction commits, for events it made
+/// visible anywhere in the ring.
+#[cfg_attr(feature = "pg13", allow(dead_code))]
+pub fn wake_relay_at_commit_anywhere() {
     wake_relay_at_commit();
     LEAVES_WRITTEN.get().set(u16::MAX);
+}
+
+/// `_outbox_wake()`: lets hand-written SQL (redrive) ask for the same wake-up.
+#[pg_extern(sql = false)]
+fn _outbox_wake() {
+    wake_relay_at_commit_anywhere();
+}
+
+/// Whether a utility statement is a `COMMIT PREPARED`, which makes the events of a prepared
+/// transaction visible when the statement's own transaction commits.
+///
+/// # Safety
+/// `node` must be a valid parse node or null.
+#[cfg_attr(feature = "pg13", allow(dead_code))]
+pub unsafe fn commits_prepared(node: *mut pg_sys::Node) -> bool {
+    // SAFETY: guaranteed by the caller; the cast follows the node's tag.
+    unsafe {
+        !node.is_null()
+            && (*node).type_ == pg_sys::NodeTag::T_TransactionStmt
+            && (*node.cast::<pg_sys::TransactionStmt>()).kind
+                == pg_sys::TransactionStmtKind::TRANS_STMT_COMMIT_PREPARED
+    }
 }
 
 #[pg_guard]

@@ -63,6 +63,49 @@ fn enqueue_one_pass_each(client: &mut postgres::Client, redis: &Redis, topic: &s
     }
 }
 
+/// Events of a prepared transaction become visible at `COMMIT PREPARED`, which may run in another
+/// session: that commit wakes the relay too, rather than leaving the events to the poll.
+#[test]
+fn a_commit_prepared_wakes_the_relay() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.poll_interval", "30s"),
+            ("max_prepared_transactions", "5"),
+            // A transaction that notified cannot be prepared.
+            ("outbox.notify_channel", ""),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut preparer = pg.connect();
+    preparer
+        .batch_execute(
+            "BEGIN; SELECT outbox_enqueue('prepared', '{}'); PREPARE TRANSACTION 'later'",
+        )
+        .unwrap();
+    // The worker finishes what it was doing and sleeps on its 30 s poll.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(redis.xlen("prepared"), 0, "published before its commit");
+    let started = Instant::now();
+    client.batch_execute("COMMIT PREPARED 'later'").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("prepared") == 1),
+        "not published {:?} after COMMIT PREPARED (the poll is 30 s)",
+        started.elapsed()
+    );
+    // ROLLBACK PREPARED publishes nothing.
+    preparer
+        .batch_execute(
+            "BEGIN; SELECT outbox_enqueue('prepared', '{}'); PREPARE TRANSACTION 'never'",
+        )
+        .unwrap();
+    client.batch_execute("ROLLBACK PREPARED 'never'").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(redis.xlen("prepared"), 1);
+}
+
 /// Returns once the worker has reported the counts of its passes so far: it reports after a
 /// pass, at most once a second, and a reload wakes it for one more pass.
 fn after_the_worker_reports(client: &mut postgres::Client) {

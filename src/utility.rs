@@ -1,0 +1,69 @@
+//! The utility hook, in every backend of a server that preloads the extension: what some
+//! statements need of the relay. A `DROP DATABASE` or a rename of a database the relay works in
+//! first has its workers leave (`step_aside.rs`); a `COMMIT PREPARED` wakes the relay at its
+//! commit, as the commit of a transaction that enqueued does (`wake.rs`).
+
+use std::sync::OnceLock;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::{step_aside, wake};
+
+static PREVIOUS: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
+
+/// Installs the hook; called from `_PG_init` while preloading.
+pub fn init() {
+    // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
+    // way for an extension to take part in utility processing.
+    unsafe {
+        if PREVIOUS.set(pg_sys::ProcessUtility_hook).is_ok() {
+            pg_sys::ProcessUtility_hook = Some(process_utility);
+        }
+    }
+}
+
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: PostgreSQL passes a valid statement; the hook chain is called as it was given.
+    unsafe {
+        let node = (*pstmt).utilityStmt;
+        let stepped = step_aside::before(node);
+        if wake::commits_prepared(node) {
+            wake::wake_relay_at_commit_anywhere();
+        }
+        match PREVIOUS.get().copied().flatten() {
+            Some(previous) => previous(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+            None => pg_sys::standard_ProcessUtility(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+        step_aside::after(stepped);
+    }
+}
