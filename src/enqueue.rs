@@ -167,14 +167,11 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         let topic_datum = pg_getarg_datum_raw(fcinfo, 0);
         let payload_datum = pg_getarg_datum_raw(fcinfo, 1);
         let topic = text_bytes(topic_datum);
-        let converted;
-        let topic_utf8 = if utf8::database_is_utf8() {
-            Some(topic)
-        } else {
-            converted = utf8::to_utf8(topic).ok();
-            converted.as_deref()
-        };
-        if let Err(error) = check_topic(topic, topic_utf8) {
+        // Converted only once its length is known to be fine.
+        let topic_utf8 = (!topic.is_empty() && topic.len() <= MAX_TOPIC_BYTES)
+            .then(|| utf8::to_utf8(topic).ok())
+            .flatten();
+        if let Err(error) = check_topic(topic, topic_utf8.as_deref()) {
             raise(error);
         }
         let limit = gucs::max_payload_size();

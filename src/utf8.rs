@@ -1,10 +1,14 @@
 //! Text of the database's encoding as UTF-8, the encoding of everything that reaches Redis.
 //! A database may be in any server encoding, `SQL_ASCII` (bytes, unchecked) included.
+//!
+//! Text that has no UTF-8 form is reported, never raised: the conversion runs without an error
+//! to catch (PostgreSQL 14's conversions can stop where they fail instead of raising), since
+//! catching an error in the middle of a transaction, without the subtransaction PostgreSQL
+//! would roll back, could leave whatever the failed call held behind.
 
-use std::ffi::CStr;
+use std::borrow::Cow;
 
 use pgrx::pg_sys;
-use pgrx::PgTryBuilder;
 
 /// Whether the current database's encoding is UTF-8 (its text needs no conversion).
 pub fn database_is_utf8() -> bool {
@@ -12,11 +16,81 @@ pub fn database_is_utf8() -> bool {
     unsafe { pg_sys::GetDatabaseEncoding() == pg_sys::pg_enc::PG_UTF8 as i32 }
 }
 
-/// Text of a database whose encoding is not UTF-8, as UTF-8 bytes: PostgreSQL's conversion,
-/// whose error (an untranslatable character, or bytes that are not UTF-8 in a `SQL_ASCII`
-/// database) is caught and returned.
-pub fn to_utf8(bytes: &[u8]) -> Result<Vec<u8>, String> {
-    PgTryBuilder::new(|| {
+/// `bytes`, text of the current database, as UTF-8; else why it cannot be.
+pub fn to_utf8(bytes: &[u8]) -> Result<Cow<'_, [u8]>, String> {
+    // SAFETY: reads the session's database encoding.
+    let encoding = unsafe { pg_sys::GetDatabaseEncoding() };
+    // Every server encoding keeps ASCII as it is.
+    if encoding == pg_sys::pg_enc::PG_UTF8 as i32 || bytes.is_ascii() {
+        return Ok(Cow::Borrowed(bytes));
+    }
+    if encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32 {
+        return match std::str::from_utf8(bytes) {
+            Ok(_) => Ok(Cow::Borrowed(bytes)),
+            Err(e) => Err(format!(
+                "is not UTF-8 (a SQL_ASCII database stores any bytes): {e}"
+            )),
+        };
+    }
+    convert(encoding, bytes).map(Cow::Owned)
+}
+
+/// Converts with the database's default conversion to UTF-8, stopping at the first character
+/// that has no equivalent.
+#[cfg(not(feature = "pg13"))]
+fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
+    // SAFETY: a catalog lookup inside the caller's transaction.
+    let proc = unsafe { pg_sys::FindDefaultConversionProc(encoding, utf8) };
+    if proc == pg_sys::InvalidOid {
+        return Err(
+            "cannot be converted to UTF-8: the database's encoding has no conversion to it"
+                .to_string(),
+        );
+    }
+    let growth = pg_sys::MAX_CONVERSION_GROWTH as usize;
+    let (Ok(length), Some(Ok(room))) = (
+        i32::try_from(bytes.len()),
+        bytes
+            .len()
+            .checked_mul(growth)
+            .and_then(|n| n.checked_add(1))
+            .map(i32::try_from),
+    ) else {
+        return Err("is too long to be converted to UTF-8".to_string());
+    };
+    let mut out = vec![0u8; room as usize];
+    // SAFETY: `bytes` is read for `length` bytes and not written to; `out` has room for the
+    // longest result PostgreSQL's conversions make (`MAX_CONVERSION_GROWTH` bytes per byte) and
+    // its terminating NUL. With `noError` the conversion stops before a character it cannot
+    // convert and says how many bytes it read.
+    let read = unsafe {
+        pg_sys::pg_do_encoding_conversion_buf(
+            proc,
+            encoding,
+            utf8,
+            bytes.as_ptr().cast_mut(),
+            length,
+            out.as_mut_ptr(),
+            room,
+            true,
+        )
+    };
+    if read < length {
+        return Err(format!(
+            "cannot be converted to UTF-8: the character at byte {read} has no equivalent in it"
+        ));
+    }
+    let end = out.iter().position(|&b| b == 0).unwrap_or(out.len());
+    out.truncate(end);
+    Ok(out)
+}
+
+/// PostgreSQL 13's conversions raise where they fail: the error is caught, as nothing else can
+/// tell.
+#[cfg(feature = "pg13")]
+fn convert(_encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    pgrx::PgTryBuilder::new(|| {
         // SAFETY: `bytes` is valid for its length; the result is either `bytes` itself or a
         // NUL-terminated copy palloc'd in the current memory context.
         unsafe {
@@ -29,20 +103,16 @@ pub fn to_utf8(bytes: &[u8]) -> Result<Vec<u8>, String> {
             if result.cast_const() == source {
                 Ok(bytes.to_vec())
             } else {
-                Ok(CStr::from_ptr(result).to_bytes().to_vec())
+                Ok(std::ffi::CStr::from_ptr(result).to_bytes().to_vec())
             }
         }
     })
-    .catch_others(|error| Err(caught_message(error)))
-    .execute()
-}
-
-fn caught_message(error: pg_sys::panic::CaughtError) -> String {
-    match error {
+    .catch_others(|error| match error {
         pg_sys::panic::CaughtError::PostgresError(report)
         | pg_sys::panic::CaughtError::ErrorReport(report)
         | pg_sys::panic::CaughtError::RustPanic {
             ereport: report, ..
-        } => report.message().to_string(),
-    }
+        } => Err(report.message().to_string()),
+    })
+    .execute()
 }

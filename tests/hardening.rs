@@ -881,12 +881,39 @@ fn a_topics_control_characters_are_read_in_the_databases_encoding() {
         .unwrap()
         .get(0);
     assert_eq!(stored, b"price.\xc2\x80", "precondition: stored in WIN1252");
+    // 0x81 is a byte WIN1252 stores but maps to no character: the topic has no UTF-8 form, is
+    // taken (nothing in it is a control), and the relay buries its event saying why.
+    let unmapped: i64 = win
+        .query_one(
+            "SELECT outbox_enqueue('price.' || convert_from('\\x81'::bytea, 'SQL_ASCII'), '{}')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let after: i64 = win
+        .query_one("SELECT outbox_enqueue('price.Â€', '{}')", &[])
+        .unwrap()
+        .get(0);
     // Relayed from the second database of the same server.
     drop(win);
     let mut pg = pg;
     pg.set(&[("outbox.database", "latin, win")]);
-    assert_stream_fills(&redis, "price.Â€", 1);
-    assert_eq!(redis.ids("price.Â€"), [id]);
+    assert_stream_fills(&redis, "price.Â€", 2);
+    assert_eq!(redis.ids("price.Â€"), [id, after]);
+    let buried = format!("SELECT count(*) FROM outbox_dead WHERE id = {unmapped}");
+    assert!(
+        wait_until(Duration::from_secs(30), || value_in::<i64>(
+            &pg, "win", &buried
+        ) == 1),
+        "the event whose topic has no UTF-8 form never reached outbox_dead"
+    );
+    let error: String = value_in(
+        &pg,
+        "win",
+        &format!("SELECT last_error FROM outbox_dead WHERE id = {unmapped}"),
+    );
+    println!("its last_error: {error}");
+    assert!(error.contains("UTF-8"), "last_error: {error}");
 }
 
 /// A SQL_ASCII database stores whatever bytes it is given. Valid UTF-8 goes out as is; an event

@@ -706,7 +706,7 @@ unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String,
     let converted = if utf8_database {
         bytes.to_vec()
     } else {
-        utf8::to_utf8(bytes).map_err(|why| format!("cannot be sent as UTF-8: {why}"))?
+        utf8::to_utf8(bytes)?.into_owned()
     };
     String::from_utf8(converted).map_err(|e| format!("is not valid UTF-8: {e}"))
 }
