@@ -444,11 +444,10 @@ unsafe extern "C-unwind" fn check_redis_url(
         Ok(()) => true,
         Err(why) => {
             // PostgreSQL's own message would show the value as it was written, password and
-            // all, in the server log (a reload) or to the client.
-            check_message(&format!(
-                "invalid value for parameter \"outbox.redis_url\": \"{}\"",
-                redis_url::mask(value)
-            ));
+            // all, in the server log (a reload) or to the client; a value that does not parse
+            // cannot be masked with certainty, so none is shown, and the detail names the URL
+            // at fault by its place in the list.
+            check_message("invalid value for parameter \"outbox.redis_url\"");
             check_detail(&why);
             false
         }

@@ -23,12 +23,21 @@ pub fn validate(list: &str) -> Result<(), String> {
             "A Redis URL looks like redis://:password@host:6379/0 or rediss://host.".to_string(),
         );
     }
+    // The URLs are named by their place in the list, never shown: a URL that does not parse
+    // cannot be told apart into a password and the rest.
+    let place = |n: usize| {
+        if urls.len() == 1 {
+            "The URL".to_string()
+        } else {
+            format!("URL {} of {}", n + 1, urls.len())
+        }
+    };
     let mut first: Option<(bool, Option<String>, Option<String>, i64)> = None;
-    for url in &urls {
+    for (n, url) in urls.iter().enumerate() {
         let info = url.into_connection_info().map_err(|e| {
             format!(
                 "{}: {e}. A Redis URL looks like redis://:password@host:6379/0 or rediss://host.",
-                mask(url)
+                place(n)
             )
         })?;
         let settings = info.redis_settings();
@@ -43,9 +52,9 @@ pub fn validate(list: &str) -> Result<(), String> {
             Some(f) if *f == seen => {}
             Some(_) => {
                 return Err(format!(
-                    "{} differs from the first URL in its scheme, user, password or database; \
+                    "{} differs from the first in its scheme, user, password or database; \
                      the URLs of a list must agree on them.",
-                    mask(url)
+                    place(n)
                 ))
             }
         }
@@ -70,9 +79,8 @@ fn mask_one(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "(not a URL)".to_string();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+    // Up to the last '@': a password written with '/', '?' or '#' unescaped is masked whole.
+    let Some((userinfo, host_and_tail)) = rest.rsplit_once('@') else {
         return url.to_string();
     };
     let masked = match userinfo.split_once(':') {
@@ -80,7 +88,7 @@ fn mask_one(url: &str) -> String {
         // `redis://secret@host` is read by Redis clients as a password alone.
         None => "***".to_string(),
     };
-    format!("{scheme}://{masked}@{host}{tail}")
+    format!("{scheme}://{masked}@{host_and_tail}")
 }
 
 #[cfg(test)]
@@ -108,6 +116,23 @@ mod tests {
     }
 
     #[test]
+    fn names_a_refused_url_by_its_place_never_by_its_text() {
+        for list in [
+            "redis://:s3cret@h:99999",
+            "redis://:pa/s3cret@h:6379",
+            "redis://:pa,s3cret@h:6379",
+            "redis//:s3cret@h",
+            "redis://:a@h:1,redis://:s3cret@h:2",
+        ] {
+            let why = validate(list).expect_err(list);
+            assert!(!why.contains("s3cret"), "{list}: {why}");
+            assert!(why.contains("URL"), "{list}: {why}");
+        }
+        let why = validate("redis://:a@h:1,redis://:b@h:2").unwrap_err();
+        assert!(why.starts_with("URL 2 of 2 differs"), "{why}");
+    }
+
+    #[test]
     fn accepts_lists_that_agree_and_rejects_those_that_do_not() {
         assert!(validate("redis://:pw@a:7000, redis://:pw@b:7001,redis://:pw@c:7002").is_ok());
         assert_eq!(
@@ -115,7 +140,7 @@ mod tests {
             ["redis://a:1", "redis://b:2"]
         );
         let mixed_tls = validate("rediss://a:1,redis://b:2").unwrap_err();
-        assert!(mixed_tls.contains("redis://b:2"), "{mixed_tls}");
+        assert!(mixed_tls.starts_with("URL 2 of 2"), "{mixed_tls}");
         let other_password = validate("redis://:one@a:1,redis://:two@b:2").unwrap_err();
         assert!(!other_password.contains("two"), "{other_password}");
         assert!(validate("redis://a:1/0,redis://b:2/3").is_err());
@@ -135,6 +160,7 @@ mod tests {
             "redis://:***@h:1, redis://:***@h:2"
         );
         assert_eq!(mask("redis://h:1,"), "redis://h:1,");
+        assert_eq!(mask("redis://:pa/ss?w#d@h:1/0"), "redis://:***@h:1/0");
     }
 
     #[test]
