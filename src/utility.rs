@@ -39,7 +39,7 @@ unsafe extern "C-unwind" fn process_utility(
     unsafe {
         let node = (*pstmt).utilityStmt;
         let stepped = step_aside::before(node);
-        if wake::commits_prepared(node) {
+        if wake::commits_prepared(node) && wake::database_is_relayed() {
             wake::wake_relay_at_commit_anywhere();
         }
         match PREVIOUS.get().copied().flatten() {

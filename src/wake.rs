@@ -3,7 +3,9 @@
 //! Background workers cannot LISTEN, and NOTIFY costs a global lock at commit, so the wake-up is
 //! a latch: `outbox_enqueue` only records the wish, and a transaction callback sets every
 //! worker's latch at COMMIT. A rollback or PREPARE TRANSACTION wakes nobody; a `COMMIT
-//! PREPARED` wakes the relay at its own commit (the utility hook, `utility.rs`, asks for it).
+//! PREPARED` statement wakes the relay at its own commit (the utility hook, `utility.rs`, asks
+//! for it; on PostgreSQL 13, which has no such hook here, and for a prepared transaction that
+//! logical replication's apply worker commits, the poll picks the events up).
 //!
 //! The same wish counts the transaction in its database's [`EnqueueActivity`] when it is made,
 //! and again once the transaction has ended: the relay claims past its last batch only while no
@@ -68,6 +70,15 @@ pub fn wake_relay_at_commit_anywhere() {
 #[pg_extern(sql = false)]
 fn _outbox_wake() {
     wake_relay_at_commit_anywhere();
+}
+
+/// Whether the relay works in this backend's database (its workers have a share of shared
+/// memory for it).
+#[cfg_attr(feature = "pg13", allow(dead_code))]
+pub fn database_is_relayed() -> bool {
+    // SAFETY: reads this backend's database.
+    let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
+    shmem::shared().is_some_and(|shared| shared.database(database).is_some())
 }
 
 /// Whether a utility statement is a `COMMIT PREPARED`, which makes the events of a prepared

@@ -79,13 +79,17 @@ fn a_commit_prepared_wakes_the_relay() {
     );
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
+    // A pass woken by a commit, after which the worker sleeps on its 30 s poll.
+    client
+        .batch_execute("SELECT outbox_enqueue('warm', '{}')")
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen("warm") == 1));
     let mut preparer = pg.connect();
     preparer
         .batch_execute(
             "BEGIN; SELECT outbox_enqueue('prepared', '{}'); PREPARE TRANSACTION 'later'",
         )
         .unwrap();
-    // The worker finishes what it was doing and sleeps on its 30 s poll.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(redis.xlen("prepared"), 0, "published before its commit");
     let started = Instant::now();
