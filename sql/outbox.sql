@@ -214,7 +214,8 @@ CREATE VIEW @extschema@.outbox_status AS
         + (SELECT count(*) FROM @extschema@.outbox
             WHERE published_at IS NULL AND next_attempt_at IS NOT NULL)
         + (SELECT count(*) FROM @extschema@.outbox_delayed) AS pending,
-        -- Since an event could be published: its commit, or its delivery time when delayed.
+        -- Since an event could be published: its created_at (its transaction's start), or its
+        -- delivery time while it waits in outbox_delayed.
         now() - LEAST(
             (SELECT min(created_at) FROM @extschema@.outbox
                 WHERE published_at IS NULL AND next_attempt_at IS NULL),
