@@ -79,16 +79,74 @@ fn mask_one(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "(not a URL)".to_string();
     };
+    // A socket URL has no authority: its password is in its query.
+    if scheme.ends_with("unix") {
+        return format!("{scheme}://{}", mask_query(rest));
+    }
     // Up to the last '@': a password written with '/', '?' or '#' unescaped is masked whole.
-    let Some((userinfo, host_and_tail)) = rest.rsplit_once('@') else {
-        return url.to_string();
+    let rest = match rest.rsplit_once('@') {
+        Some((userinfo, host_and_tail)) => {
+            let masked = match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{user}:***"),
+                // `redis://secret@host` is read by Redis clients as a password alone.
+                None => "***".to_string(),
+            };
+            format!("{masked}@{host_and_tail}")
+        }
+        None => rest.to_string(),
     };
-    let masked = match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{user}:***"),
-        // `redis://secret@host` is read by Redis clients as a password alone.
-        None => "***".to_string(),
+    format!("{scheme}://{}", mask_query(&rest))
+}
+
+/// The query's `pass` parameter masked: a socket URL (`unix:///run/redis.sock?pass=...`) gives
+/// its password there.
+fn mask_query(rest: &str) -> String {
+    let Some((before, query)) = rest.split_once('?') else {
+        return rest.to_string();
     };
-    format!("{scheme}://{masked}@{host_and_tail}")
+    let (query, fragment) = match query.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (query, None),
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if percent_decoded(key) == "pass" => format!("{key}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
+    format!("{before}?{}{fragment}", pairs.join("&"))
+}
+
+/// A query key as the URL parser reads it: `%XX` escapes and `+` decoded.
+fn percent_decoded(key: &str) -> String {
+    let bytes = key.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |at: usize| {
+            bytes
+                .get(at)
+                .and_then(|&b| (b as char).to_digit(16))
+                .map(|d| d as u8)
+        };
+        match (bytes[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(high), Some(low)) => {
+                out.push(high << 4 | low);
+                i += 3;
+            }
+            (b'+', _, _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, _, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -161,6 +219,18 @@ mod tests {
         );
         assert_eq!(mask("redis://h:1,"), "redis://h:1,");
         assert_eq!(mask("redis://:pa/ss?w#d@h:1/0"), "redis://:***@h:1/0");
+        // A socket URL's password is in its query.
+        assert_eq!(
+            mask("unix:///run/redis.sock?db=2&pass=s3cret&user=app"),
+            "unix:///run/redis.sock?db=2&pass=***&user=app"
+        );
+        assert_eq!(
+            mask("redis+unix:///s?p%61ss=s3cret#x"),
+            "redis+unix:///s?p%61ss=***#x"
+        );
+        assert!(!mask("unix:///s?pass=a@s3cret").contains("s3cret"));
+        assert!(!mask("redis://:x?pass=y@h").contains('x'));
+        assert_eq!(mask("unix:///s?db=1"), "unix:///s?db=1");
     }
 
     #[test]

@@ -427,6 +427,34 @@ fn the_redis_password_stays_secret() {
     assert!(wait_until(Duration::from_secs(20), || redis.xlen("secret") == 3));
 }
 
+/// A socket URL gives its password in its query (`?pass=`): the workers' log lines and
+/// `last_error`, which any role can read in `outbox_workers`, show it masked.
+#[test]
+fn a_socket_urls_password_stays_secret() {
+    let pg = Pg::start(&[
+        (
+            "outbox.redis_url",
+            "unix:///nonexistent/redis.sock?db=0&pass=socket-s3cret",
+        ),
+        ("outbox.redis_timeout", "1s"),
+    ]);
+    let mut admin = pg.with_extension();
+    pg.wait_for_workers(1);
+    enqueue_many(&mut admin, "secret", 1);
+    assert!(wait_until(Duration::from_secs(10), || {
+        one::<String>(&mut pg.connect(), "SELECT state FROM outbox_workers") == "backoff"
+    }));
+    let error: String = one(&mut admin, "SELECT last_error FROM outbox_workers");
+    assert!(error.contains("pass=***"), "{error}");
+    assert!(!error.contains("socket-s3cret"), "{error}");
+    let log = pg.log();
+    assert!(log.contains("redis.sock?db=0&pass=***"), "{log}");
+    assert!(
+        !log.contains("socket-s3cret"),
+        "the password reached the server log:\n{log}"
+    );
+}
+
 /// A value of `outbox.redis_url` that its check refuses at a reload is logged by PostgreSQL;
 /// the log names the URL at fault by its place in the list and shows nothing of it.
 #[test]
