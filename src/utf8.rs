@@ -59,7 +59,11 @@ fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
     ) else {
         return Err("is too long to be converted to UTF-8".to_string());
     };
-    let mut out = vec![0u8; room as usize];
+    let mut out = Vec::new();
+    if out.try_reserve_exact(room as usize).is_err() {
+        return Err("is too long to be converted to UTF-8".to_string());
+    }
+    out.resize(room as usize, 0);
     // SAFETY: `bytes` is read for `length` bytes and not written to; `out` has room for the
     // longest result PostgreSQL's conversions make (`MAX_CONVERSION_GROWTH` bytes per byte) and
     // its terminating NUL. With `noError` the conversion stops before a character it cannot
@@ -83,6 +87,9 @@ fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
     }
     let end = out.iter().position(|&b| b == 0).unwrap_or(out.len());
     out.truncate(end);
+    // The room for the longest result is let go: a batch keeps its events' text until Redis
+    // has answered.
+    out.shrink_to_fit();
     Ok(out)
 }
 
@@ -112,7 +119,10 @@ fn convert(_encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
         | pg_sys::panic::CaughtError::ErrorReport(report)
         | pg_sys::panic::CaughtError::RustPanic {
             ereport: report, ..
-        } => Err(report.message().to_string()),
+        } => Err(format!(
+            "cannot be converted to UTF-8: {}",
+            report.message()
+        )),
     })
     .execute()
 }
