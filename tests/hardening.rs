@@ -1319,10 +1319,14 @@ fn thirty_thousand_rejected_events_do_not_slow_a_healthy_topic() {
         // A blocking read past the last entry seen returns as the entry arrives: polling XLEN
         // in a loop took a core of this two-core machine from the relay and Redis, and the
         // test measured its own load (p99 of 40 to 80 ms in runs that failed).
-        last_entry = common::next_entry(&mut conn, "good", &last_entry, Duration::from_secs(9))
-            .unwrap_or_else(|| {
-                panic!("healthy event {n} was not in its stream 9 s after its commit")
-            });
+        last_entry = common::next_entry(
+            &redis,
+            &mut conn,
+            "good",
+            &last_entry,
+            Duration::from_secs(9),
+        )
+        .unwrap_or_else(|| panic!("healthy event {n} was not in its stream 9 s after its commit"));
         latencies.push(committed.elapsed());
         good.push(id);
         std::thread::sleep(Duration::from_millis(20));

@@ -818,10 +818,16 @@ fn a_commit_as_the_workers_short_wait_ends_still_wakes_it() {
             .batch_execute("SELECT outbox_enqueue('swept', '{}')")
             .unwrap();
         let committed = Instant::now();
-        last_entry = common::next_entry(&mut conn, "swept", &last_entry, Duration::from_secs(5))
-            .unwrap_or_else(|| {
-                panic!("event {n} was not in its stream 5 s after its commit (the poll is 1 h)")
-            });
+        last_entry = common::next_entry(
+            &redis,
+            &mut conn,
+            "swept",
+            &last_entry,
+            Duration::from_secs(5),
+        )
+        .unwrap_or_else(|| {
+            panic!("event {n} was not in its stream 5 s after its commit (the poll is 1 h)")
+        });
         slowest = slowest.max(committed.elapsed());
         // The next commit 19.5 to 22.5 ms after this arrival, 5 us later each time.
         std::thread::sleep(Duration::from_micros(19_500 + 5 * n));

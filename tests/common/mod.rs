@@ -28,22 +28,37 @@ pub fn redis_server() -> String {
 /// Waits up to `block` for the first entry of `stream` after the entry `after` (`"0-0"` for the
 /// first of all) and returns its id, `None` if none came. A blocking read returns as the entry
 /// arrives, where polling `XLEN` in a loop takes a core of a two-core machine from the relay and
-/// Redis.
+/// Redis. A signal to the test process that interrupts the read (EINTR) says nothing about
+/// Redis: the read is made again, on a new connection of `redis` (the interrupted one may still
+/// get the reply), for what is left of `block`.
 pub fn next_entry(
+    redis: &Redis,
     conn: &mut redis::Connection,
     stream: &str,
     after: &str,
     block: Duration,
 ) -> Option<String> {
     type Streams = Vec<(String, Vec<(String, Vec<String>)>)>;
-    let reply: Option<Streams> = redis::cmd("XREAD")
-        .arg("BLOCK")
-        .arg(block.as_millis() as u64)
-        .arg("STREAMS")
-        .arg(stream)
-        .arg(after)
-        .query(conn)
-        .unwrap_or_else(|e| panic!("XREAD of {stream} failed: {e}"));
+    let started = Instant::now();
+    let mut tries = 0;
+    let reply: Option<Streams> = loop {
+        tries += 1;
+        let left = block
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1));
+        match redis::cmd("XREAD")
+            .arg("BLOCK")
+            .arg(left.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(after)
+            .query(conn)
+        {
+            Ok(reply) => break reply,
+            Err(e) if tries < 5 && e.to_string().contains("Interrupted") => *conn = redis.conn(),
+            Err(e) => panic!("XREAD of {stream} failed: {e}"),
+        }
+    };
     reply
         .and_then(|streams| streams.into_iter().next())
         .and_then(|(_, entries)| entries.into_iter().next())
