@@ -15,6 +15,7 @@ mod enqueue;
 mod gucs;
 mod insert;
 mod lane;
+mod log_mask;
 mod redis_url;
 mod relay;
 mod ring;
@@ -34,6 +35,8 @@ extension_sql_file!("../sql/outbox.sql", name = "outbox_objects", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
+    // Wherever the library loads, PostgreSQL's log lines about the Redis URL hide its password.
+    log_mask::init();
     // SAFETY: plain reads of postmaster globals during library load.
     let (binary_upgrade, preloading) = unsafe {
         (

@@ -496,6 +496,73 @@ fn a_refused_redis_url_reaches_the_log_without_its_password() {
     );
 }
 
+/// PostgreSQL writes the setting's value to its log itself: a reload logs the new value, and
+/// `log_statement` or a refused statement shows the statement that set it. The password is
+/// masked in each, and the relay goes on with the new URL.
+#[test]
+fn a_redis_url_set_by_hand_reaches_the_log_masked() {
+    let redis = Redis::start_with_password(Some("horse-s3cret"));
+    let pg = Pg::start(&[
+        ("outbox.redis_url", "redis://127.0.0.1:1"),
+        ("outbox.redis_timeout", "1s"),
+    ]);
+    let mut admin = pg.with_extension();
+    pg.wait_for_workers(1);
+    let url = format!("redis://default:horse-s3cret@127.0.0.1:{}", redis.port);
+    admin.batch_execute("SET log_statement = 'ddl'").unwrap();
+    admin
+        .batch_execute(&format!("ALTER SYSTEM SET outbox.redis_url = '{url}'"))
+        .unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    // Refused (the setting changes only at a reload), with the statement in the log.
+    let refused = admin
+        .batch_execute(&format!("SET outbox.redis_url = '{url}'"))
+        .unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code()),
+        Some("55P02"),
+        "{refused:?}"
+    );
+    let refused = admin
+        .batch_execute(
+            "SELECT set_config('OUTBOX.REDIS_URL', 'unix:///s.sock?pass=sock-s3cret', false)",
+        )
+        .unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code()),
+        Some("55P02"),
+        "{refused:?}"
+    );
+    enqueue_many(&mut admin, "by-hand", 3);
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("by-hand") == 3),
+        "the relay did not take the new URL:\n{}",
+        pg.log()
+    );
+    // Back to the file's value, so that the server's last log lines name no secret either.
+    admin
+        .batch_execute("ALTER SYSTEM RESET outbox.redis_url")
+        .unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    let masked = format!("redis://default:***@127.0.0.1:{}", redis.port);
+    let log = pg.log();
+    for expected in [
+        format!("parameter \"outbox.redis_url\" changed to \"{masked}\""),
+        format!("statement: ALTER SYSTEM SET outbox.redis_url = '{masked}'"),
+        format!("STATEMENT:  SET outbox.redis_url = '{masked}'"),
+        "'unix:///s.sock?pass=*** false)".to_string(),
+    ] {
+        assert!(
+            log.contains(&expected),
+            "no {expected:?} in the log:\n{log}"
+        );
+    }
+    assert!(
+        !log.contains("s3cret"),
+        "a password reached the server log:\n{log}"
+    );
+}
+
 #[test]
 fn a_monitoring_role_needs_only_select_on_the_views() {
     let redis = Redis::start();
