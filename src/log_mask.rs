@@ -3,7 +3,8 @@
 //! reload logs `parameter "outbox.redis_url" changed to "..."`, `log_statement` logs an
 //! `ALTER SYSTEM SET outbox.redis_url = '...'` whole, and a refused statement is shown with its
 //! error. A log hook, installed in every process of a server that loads the library, masks the
-//! passwords in each line that names the setting, and in the statement shown with it.
+//! passwords in each line that names the setting, and in the statement shown with it. A utility
+//! statement that names it (`ALTER SYSTEM`, `SET`) is also shown masked in `pg_stat_activity`.
 
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Mutex, OnceLock};
@@ -80,6 +81,23 @@ unsafe fn mask(edata: &mut pg_sys::ErrorData) {
         // have changed nothing).
         unsafe { pg_sys::debug_query_string = masked.as_ptr() };
         *kept = Some(masked);
+    }
+}
+
+/// Shows the running utility statement masked in `pg_stat_activity` if it names the setting
+/// with a password: the text stays there once the statement has ended, readable by roles with
+/// `pg_read_all_stats` (which `pg_monitor` includes).
+///
+/// # Safety
+/// `query_string` is null or the statement's NUL-terminated text; called on a backend's main
+/// thread.
+pub unsafe fn mask_activity(query_string: *const c_char) {
+    // SAFETY: as the caller says.
+    if let Some(masked) = unsafe { masked(query_string) } {
+        // SAFETY: the text is copied into the backend's shared-memory entry.
+        unsafe {
+            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, masked.as_ptr())
+        };
     }
 }
 

@@ -563,6 +563,34 @@ fn a_redis_url_set_by_hand_reaches_the_log_masked() {
     );
 }
 
+/// A statement's text stays in `pg_stat_activity` after it ends, where a monitoring role with
+/// `pg_read_all_stats` (as in `pg_monitor`) reads it: one that sets the Redis URL shows there
+/// with the password masked.
+#[test]
+fn a_redis_url_set_by_hand_shows_masked_in_pg_stat_activity() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    let mut admin = pg.with_extension();
+    admin
+        .batch_execute("CREATE ROLE watcher LOGIN; GRANT pg_read_all_stats TO watcher")
+        .unwrap();
+    let pid: i32 = one(&mut admin, "SELECT pg_backend_pid()");
+    admin
+        .batch_execute("ALTER SYSTEM SET outbox.redis_url = 'redis://app:act-s3cret@127.0.0.1:1'")
+        .unwrap();
+    let mut watcher = pg.connect_as("postgres", "watcher");
+    let shown: String = watcher
+        .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        shown,
+        "ALTER SYSTEM SET outbox.redis_url = 'redis://app:***@127.0.0.1:1'"
+    );
+    admin
+        .batch_execute("ALTER SYSTEM RESET outbox.redis_url")
+        .unwrap();
+}
+
 #[test]
 fn a_monitoring_role_needs_only_select_on_the_views() {
     let redis = Redis::start();
