@@ -23,6 +23,7 @@ mod shmem;
 mod status;
 #[cfg(not(feature = "pg13"))]
 mod step_aside;
+mod url_in_text;
 mod utf8;
 #[cfg(not(feature = "pg13"))]
 mod utility;
@@ -34,9 +35,9 @@ extension_sql_file!("../sql/outbox.sql", name = "outbox_objects", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    gucs::init();
-    // Wherever the library loads, PostgreSQL's log lines about the Redis URL hide its password.
+    // First, so that what PostgreSQL logs of the Redis URL from here on hides its password.
     log_mask::init();
+    gucs::init();
     // SAFETY: plain reads of postmaster globals during library load.
     let (binary_upgrade, preloading) = unsafe {
         (

@@ -2,16 +2,17 @@
 //! the URLs it logs (`redis_url::mask`), but PostgreSQL writes the setting's value itself: a
 //! reload logs `parameter "outbox.redis_url" changed to "..."`, `log_statement` logs an
 //! `ALTER SYSTEM SET outbox.redis_url = '...'` whole, and a refused statement is shown with its
-//! error. A log hook, installed in every process of a server that loads the library, masks the
-//! passwords in each line that names the setting, and in the statement shown with it. A utility
-//! statement that names it (`ALTER SYSTEM`, `SET`) is also shown masked in `pg_stat_activity`.
+//! error. A log hook, installed in every process of a server that preloads the library, masks
+//! the passwords in every part of a report that names the setting anywhere, and in the
+//! statement shown with it (`url_in_text.rs`). A utility statement that names it (`ALTER
+//! SYSTEM`, `SET`) is also shown masked in `pg_stat_activity`.
 
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Mutex, OnceLock};
 
 use pgrx::pg_sys;
 
-use crate::redis_url;
+use crate::url_in_text::{mask_urls, names_setting};
 
 static PREVIOUS: OnceLock<pg_sys::emit_log_hook_type> = OnceLock::new();
 
@@ -19,7 +20,8 @@ static PREVIOUS: OnceLock<pg_sys::emit_log_hook_type> = OnceLock::new();
 /// another takes its place.
 static MASKED_STATEMENT: Mutex<Option<CString>> = Mutex::new(None);
 
-/// Installs the hook; called from `_PG_init`.
+/// Installs the hook; called first thing in `_PG_init`, so that libraries loaded after this
+/// one see masked lines.
 pub fn init() {
     // SAFETY: _PG_init runs single-threaded as the library loads; chaining the hook is the
     // documented way for an extension to see log lines before they are written.
@@ -30,12 +32,17 @@ pub fn init() {
     }
 }
 
-/// No `pg_guard`: this runs while PostgreSQL reports, where raising an error would recurse. A
-/// panic is caught and leaves the line as it was.
+/// No `pg_guard`: this runs while PostgreSQL reports, and nothing here may raise an error (a
+/// copy that finds no memory drops the line instead). A panic drops the line too: it may have
+/// held a password.
 unsafe extern "C-unwind" fn emit_log(edata: *mut pg_sys::ErrorData) {
     if !edata.is_null() {
         // SAFETY: PostgreSQL hands the hook the report it is about to write, on its main thread.
-        let _ = std::panic::catch_unwind(|| unsafe { mask(&mut *edata) });
+        let masked = std::panic::catch_unwind(|| unsafe { mask(&mut *edata) });
+        if masked.is_err() {
+            // SAFETY: as above; leaving a report out of the server log is what the hook may do.
+            unsafe { (*edata).output_to_server = false };
+        }
     }
     if let Some(previous) = PREVIOUS.get().copied().flatten() {
         // SAFETY: the hook that was installed before ours, called as PostgreSQL would.
@@ -44,44 +51,75 @@ unsafe extern "C-unwind" fn emit_log(edata: *mut pg_sys::ErrorData) {
 }
 
 /// # Safety
-/// `edata` is the report being written, its strings palloc'd or null.
+/// `edata` is the report being written, its strings allocated in its context or null.
 unsafe fn mask(edata: &mut pg_sys::ErrorData) {
     if !edata.output_to_server {
         return;
     }
-    for field in [
+    // SAFETY: a global of the main thread, null or the running statement's text.
+    let statement = if edata.hide_stmt {
+        std::ptr::null()
+    } else {
+        unsafe { pg_sys::debug_query_string }
+    };
+    let context = edata.assoc_context;
+    let mut fields = [
         &mut edata.message,
         &mut edata.detail,
         &mut edata.detail_log,
         &mut edata.hint,
         &mut edata.context,
         &mut edata.internalquery,
-    ] {
-        // SAFETY: each field is null or a NUL-terminated string of the report.
-        if let Some(masked) = unsafe { masked(*field) } {
-            // SAFETY: copied into the current memory context (the error context while a report
-            // is written), as PostgreSQL's own strings of the report are.
-            *field = unsafe { pg_sys::pstrdup(masked.as_ptr()) };
-        }
-    }
-    if edata.hide_stmt {
+    ];
+    // Whether the report names the setting is decided once: a value may be in one part (the
+    // parameters of a prepared statement, its DETAIL) and the name in another.
+    // SAFETY: each is null or a NUL-terminated string.
+    let named = fields
+        .iter()
+        .any(|f| unsafe { bytes(**f) }.is_some_and(names_setting))
+        || unsafe { bytes(statement) }.is_some_and(names_setting);
+    if !named {
         return;
+    }
+    for field in fields.iter_mut() {
+        let original: *mut c_char = **field;
+        // SAFETY: as above.
+        let Some(masked) = unsafe { bytes(original) }.and_then(mask_urls) else {
+            continue;
+        };
+        // SAFETY: copied into the report's context, where PostgreSQL frees its strings, without
+        // raising an error when memory is short; the string replaced was allocated there.
+        unsafe {
+            let copy = pg_sys::MemoryContextAllocExtended(
+                context,
+                masked.len() + 1,
+                pg_sys::MCXT_ALLOC_NO_OOM as i32,
+            )
+            .cast::<u8>();
+            if copy.is_null() {
+                edata.output_to_server = false;
+                return;
+            }
+            std::ptr::copy_nonoverlapping(masked.as_ptr(), copy, masked.len());
+            *copy.add(masked.len()) = 0;
+            **field = copy.cast();
+            pg_sys::pfree(original.cast());
+        }
     }
     // The statement shown with the line: PostgreSQL reads it from `debug_query_string`, which
     // the next statement sets again.
-    // SAFETY: a global of the main thread, null or the running statement's text.
-    let statement = unsafe { pg_sys::debug_query_string };
     // SAFETY: as above.
-    if let Some(masked) = unsafe { masked(statement) } {
-        let Ok(mut kept) = MASKED_STATEMENT.lock() else {
-            return;
-        };
-        // SAFETY: the new copy lives in the static until a later statement's replaces it, and
-        // `debug_query_string` never points to the one dropped here (masking it again would
-        // have changed nothing).
-        unsafe { pg_sys::debug_query_string = masked.as_ptr() };
-        *kept = Some(masked);
-    }
+    let Some(masked) = unsafe { bytes(statement) }.and_then(mask_urls) else {
+        return;
+    };
+    let (Ok(masked), Ok(mut kept)) = (CString::new(masked), MASKED_STATEMENT.lock()) else {
+        edata.hide_stmt = true;
+        return;
+    };
+    // SAFETY: the copy's buffer lives in the static until a later statement's replaces it, and
+    // is in place before the one it replaces is dropped.
+    unsafe { pg_sys::debug_query_string = masked.as_ptr() };
+    *kept = Some(masked);
 }
 
 /// Shows the running utility statement masked in `pg_stat_activity` if it names the setting
@@ -93,7 +131,13 @@ unsafe fn mask(edata: &mut pg_sys::ErrorData) {
 /// thread.
 pub unsafe fn mask_activity(query_string: *const c_char) {
     // SAFETY: as the caller says.
-    if let Some(masked) = unsafe { masked(query_string) } {
+    let Some(text) = (unsafe { bytes(query_string) }) else {
+        return;
+    };
+    if !names_setting(text) {
+        return;
+    }
+    if let Some(masked) = mask_urls(text).and_then(|m| CString::new(m).ok()) {
         // SAFETY: the text is copied into the backend's shared-memory entry.
         unsafe {
             pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, masked.as_ptr())
@@ -102,12 +146,8 @@ pub unsafe fn mask_activity(query_string: *const c_char) {
 }
 
 /// # Safety
-/// `text` is null or a NUL-terminated string.
-unsafe fn masked(text: *const c_char) -> Option<CString> {
-    if text.is_null() {
-        return None;
-    }
+/// `text` is null or a NUL-terminated string that outlives the slice.
+unsafe fn bytes<'a>(text: *const c_char) -> Option<&'a [u8]> {
     // SAFETY: as the caller says.
-    let bytes = unsafe { CStr::from_ptr(text) }.to_bytes();
-    CString::new(redis_url::mask_in_text(bytes)?).ok()
+    (!text.is_null()).then(|| unsafe { CStr::from_ptr(text) }.to_bytes())
 }

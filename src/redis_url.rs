@@ -88,68 +88,8 @@ fn mask_one(url: &str) -> String {
     format!("{scheme}://{}", text(mask_query(&rest)))
 }
 
-/// Free text that names the setting (a statement, a log line) with the password of every URL in
-/// it masked, or `None` when there is nothing to mask. Bytes, not text: PostgreSQL's messages
-/// are in the server's encoding, every one of which keeps ASCII bytes for ASCII characters.
-/// A URL ends at white space; in it, what comes before the last `@` ahead of the next URL is
-/// user information, and a query's `pass` is a password. A password written with a quote or a
-/// comma masks the text after it too, rather than showing any of it.
-pub fn mask_in_text(text: &[u8]) -> Option<Vec<u8>> {
-    let names_setting = text
-        .windows(SETTING.len())
-        .any(|w| w.eq_ignore_ascii_case(SETTING));
-    if !names_setting || find(text, b"://").is_none() {
-        return None;
-    }
-    let mut out = Vec::with_capacity(text.len() + 16);
-    let mut rest = text;
-    while !rest.is_empty() {
-        let end = rest
-            .iter()
-            .position(|b| b.is_ascii_whitespace())
-            .unwrap_or(rest.len());
-        let (word, after) = rest.split_at(end);
-        if find(word, b"://").is_some() {
-            out.extend(mask_word(word));
-        } else {
-            out.extend_from_slice(word);
-        }
-        let spaces = after.iter().take_while(|b| b.is_ascii_whitespace()).count();
-        out.extend_from_slice(&after[..spaces]);
-        rest = &after[spaces..];
-    }
-    (out != text).then_some(out)
-}
-
-const SETTING: &[u8] = b"redis_url";
-
-/// One white-space-free word holding one URL or more.
-fn mask_word(word: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(word.len() + 8);
-    let mut at = 0;
-    while let Some(found) = find(&word[at..], b"://") {
-        let after_scheme = at + found + 3;
-        out.extend_from_slice(&word[at..after_scheme]);
-        // Up to where the next URL's scheme starts.
-        let end = match find(&word[after_scheme..], b"://") {
-            Some(next) => scheme_start(word, after_scheme + next).max(after_scheme),
-            None => word.len(),
-        };
-        out.extend(mask_query(&mask_user_info(&word[after_scheme..end])));
-        at = end;
-    }
-    out.extend_from_slice(&word[at..]);
-    out
-}
-
-/// Where the scheme that ends at `colon` (the `:` of `://`) starts.
-fn scheme_start(word: &[u8], colon: usize) -> usize {
-    let scheme = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.');
-    colon - word[..colon].iter().rev().take_while(|b| scheme(b)).count()
-}
-
 /// The part of a URL after `://` with what precedes its last `@` masked, a user name kept.
-fn mask_user_info(rest: &[u8]) -> Vec<u8> {
+pub(crate) fn mask_user_info(rest: &[u8]) -> Vec<u8> {
     let Some(at) = rest.iter().rposition(|&b| b == b'@') else {
         return rest.to_vec();
     };
@@ -162,17 +102,13 @@ fn mask_user_info(rest: &[u8]) -> Vec<u8> {
     out
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The query's `pass` parameter masked: a socket URL (`unix:///run/redis.sock?pass=...`) gives
 /// its password there.
-fn mask_query(rest: &[u8]) -> Vec<u8> {
+pub(crate) fn mask_query(rest: &[u8]) -> Vec<u8> {
     let Some(question) = rest.iter().position(|&b| b == b'?') else {
         return rest.to_vec();
     };
@@ -309,74 +245,6 @@ mod tests {
         assert!(!mask("unix:///s?pass=a@s3cret").contains("s3cret"));
         assert!(!mask("redis://:x?pass=y@h").contains('x'));
         assert_eq!(mask("unix:///s?db=1"), "unix:///s?db=1");
-    }
-
-    fn masked_text(text: &str) -> Option<String> {
-        mask_in_text(text.as_bytes()).map(text_of)
-    }
-
-    fn text_of(bytes: Vec<u8>) -> String {
-        String::from_utf8(bytes).expect("not UTF-8")
-    }
-
-    #[test]
-    fn masks_the_urls_of_text_that_names_the_setting() {
-        assert_eq!(
-            masked_text(r#"parameter "outbox.redis_url" changed to "redis://app:s3cret@h:1/0""#)
-                .as_deref(),
-            Some(r#"parameter "outbox.redis_url" changed to "redis://app:***@h:1/0""#)
-        );
-        assert_eq!(
-            masked_text("ALTER SYSTEM SET OUTBOX.REDIS_URL = 'redis://:a@h:1,rediss://:b@h:2';")
-                .as_deref(),
-            Some("ALTER SYSTEM SET OUTBOX.REDIS_URL = 'redis://:***@h:1,rediss://:***@h:2';")
-        );
-        assert_eq!(
-            masked_text("SET outbox.redis_url TO 'redis+unix:///s.sock?db=1&pass=s3cret'")
-                .as_deref(),
-            // The password runs to the end of the word: its closing quote goes with it.
-            Some("SET outbox.redis_url TO 'redis+unix:///s.sock?db=1&pass=***")
-        );
-        assert_eq!(
-            masked_text("set_config('outbox.redis_url', 'unix:///s?pass=s3cret',\tfalse)")
-                .as_deref(),
-            Some("set_config('outbox.redis_url', 'unix:///s?pass=***\tfalse)")
-        );
-        // Quotes, commas and '@' in a password mask what follows them in the word.
-        for text in [
-            "SET outbox.redis_url = 'redis://:pa''s,s3cret@h:1'",
-            "outbox.redis_url = \"redis://:pa\"s3cret@h\"",
-            "outbox.redis_url='redis://u:p@s3cret@h'",
-            "outbox.redis_url\n\t'redis://:s3cret@h'\n",
-        ] {
-            let masked = masked_text(text).expect(text);
-            assert!(!masked.contains("s3cret"), "{text}: {masked}");
-            assert!(masked.contains("***@h"), "{text}: {masked}");
-        }
-        // Text in another encoding keeps its bytes.
-        let latin1 = b"outbox.redis_url \xe9t\xe9 'redis://:s3cret@h'";
-        assert_eq!(
-            mask_in_text(latin1),
-            Some(b"outbox.redis_url \xe9t\xe9 'redis://:***@h'".to_vec())
-        );
-    }
-
-    #[test]
-    fn leaves_other_text_alone() {
-        // Nothing to mask, or a line that does not name the setting.
-        assert_eq!(
-            masked_text("parameter \"outbox.redis_url\" changed to \"redis://h:1\""),
-            None
-        );
-        assert_eq!(
-            masked_text("SET outbox.redis_url = 'unix:///s.sock?db=1'"),
-            None
-        );
-        assert_eq!(masked_text("outbox.redis_url cannot be changed now"), None);
-        assert_eq!(masked_text("connection to postgres://u:pw@h failed"), None);
-        // Masking twice changes nothing more.
-        let once = masked_text("outbox.redis_url = 'redis://u:pw@h?pass=x'").unwrap();
-        assert_eq!(masked_text(&once), None, "{once}");
     }
 
     #[test]

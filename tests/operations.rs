@@ -533,6 +533,17 @@ fn a_redis_url_set_by_hand_reaches_the_log_masked() {
         Some("55P02"),
         "{refused:?}"
     );
+    // The value as a parameter: the log shows it in the statement's DETAIL, the name elsewhere.
+    admin.batch_execute("SET log_statement = 'all'").unwrap();
+    let refused = admin
+        .execute("SELECT set_config('outbox.redis_url', $1, false)", &[&url])
+        .unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code()),
+        Some("55P02"),
+        "{refused:?}"
+    );
+    admin.batch_execute("SET log_statement = 'ddl'").unwrap();
     enqueue_many(&mut admin, "by-hand", 3);
     assert!(
         wait_until(Duration::from_secs(20), || redis.xlen("by-hand") == 3),
@@ -550,7 +561,8 @@ fn a_redis_url_set_by_hand_reaches_the_log_masked() {
         format!("parameter \"outbox.redis_url\" changed to \"{masked}\""),
         format!("statement: ALTER SYSTEM SET outbox.redis_url = '{masked}'"),
         format!("STATEMENT:  SET outbox.redis_url = '{masked}'"),
-        "'unix:///s.sock?pass=*** false)".to_string(),
+        "STATEMENT:  SELECT set_config('OUTBOX.REDIS_URL', 'unix:///s.sock?pass=***\n".to_string(),
+        format!("parameters: $1 = '{masked}'"),
     ] {
         assert!(
             log.contains(&expected),

@@ -1,0 +1,224 @@
+//! Redis URLs in free text (a log line, a statement), found and masked so that no password
+//! shows. Pure logic, unit-tested; `log_mask.rs` applies it to what PostgreSQL logs.
+//!
+//! The text is bytes in the server's encoding, every one of which keeps ASCII bytes for ASCII
+//! characters, and nothing in it can be trusted to be well formed: a value may be cut short
+//! (`log_parameter_max_length`), quoted in any of SQL's ways, or be one the setting refused.
+//! So the masking errs on the side of hiding: a URL runs from its scheme to where the next
+//! one starts, white space and quotes included, and everything before the last `@` in that
+//! stretch is user information.
+
+use crate::redis_url::{mask_query, mask_user_info};
+
+/// Whether the text names the setting (`outbox.redis_url`, in any case or quoting).
+pub fn names_setting(text: &[u8]) -> bool {
+    const SETTING: &[u8] = b"redis_url";
+    text.windows(SETTING.len())
+        .any(|w| w.eq_ignore_ascii_case(SETTING))
+}
+
+/// Schemes the Redis client reads, known even when written without `//` (`unix:/run/r.sock`)
+/// or mistyped without their colon (`redis//host`).
+const SCHEMES: &[&[u8]] = &[
+    b"redis",
+    b"rediss",
+    b"redis+unix",
+    b"unix",
+    b"valkey",
+    b"valkeys",
+    b"valkey+unix",
+];
+
+/// The text with the password of every URL in it masked, or `None` when nothing changes.
+/// Masking masked text again changes nothing.
+pub fn mask_urls(text: &[u8]) -> Option<Vec<u8>> {
+    let starts = url_starts(text);
+    let first = starts.first().map_or(text.len(), |url| url.scheme);
+    let mut out = mask_words(&text[..first]);
+    for (n, url) in starts.iter().enumerate() {
+        let end = starts.get(n + 1).map_or(text.len(), |next| next.scheme);
+        out.extend_from_slice(&text[url.scheme..url.rest]);
+        let rest = &text[url.rest..end];
+        let scheme = &text[url.scheme..url.rest];
+        if starts_with_ignore_case(scheme, b"unix") || contains_ignore_case(scheme, b"+unix") {
+            // A socket URL has no user information: its password is in its query.
+            out.extend(mask_query(rest));
+        } else {
+            out.extend(mask_query(&mask_user_info_or_cut(rest)));
+        }
+    }
+    (out != text).then_some(out)
+}
+
+/// Where a URL starts (its scheme) and where what follows `scheme://` starts.
+struct UrlStart {
+    scheme: usize,
+    rest: usize,
+}
+
+fn url_starts(text: &[u8]) -> Vec<UrlStart> {
+    let mut starts = Vec::new();
+    let mut at = 0;
+    while at < text.len() {
+        let b = text[at];
+        if b != b':' && b != b'/' {
+            at += 1;
+            continue;
+        }
+        let scheme = scheme_start(text, at);
+        let name = &text[scheme..at];
+        let rest = if text[at..].starts_with(b"://") && !name.is_empty() {
+            at + 3
+        } else if SCHEMES.iter().any(|s| name.eq_ignore_ascii_case(s)) {
+            at + text[at..]
+                .iter()
+                .take_while(|&&c| c == b':' || c == b'/')
+                .count()
+        } else {
+            at += 1;
+            continue;
+        };
+        starts.push(UrlStart { scheme, rest });
+        at = rest;
+    }
+    starts
+}
+
+/// Where the scheme that ends at `end` starts: the letters, digits, `+`, `-` and `.` before it.
+fn scheme_start(text: &[u8], end: usize) -> usize {
+    let scheme = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.');
+    end - text[..end].iter().rev().take_while(|b| scheme(b)).count()
+}
+
+/// User information masked; without an `@`, a value cut short (`...`, as PostgreSQL shortens
+/// long parameters) is masked up to the cut, which may be inside a password.
+fn mask_user_info_or_cut(rest: &[u8]) -> Vec<u8> {
+    if rest.contains(&b'@') {
+        return mask_user_info(rest);
+    }
+    match rest.windows(3).position(|w| w == b"...") {
+        Some(cut) if cut > 0 => [&b"***"[..], &rest[cut..]].concat(),
+        _ => rest.to_vec(),
+    }
+}
+
+/// Text before any URL: a word with an `@` (a refused value without a scheme, say) has what
+/// precedes its last `@` masked, and a `pass=` in it too.
+fn mask_words(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    for (n, word) in text.split(|&b| b == b' ').enumerate() {
+        if n > 0 {
+            out.push(b' ');
+        }
+        let quotes = word
+            .iter()
+            .take_while(|&&b| matches!(b, b'\'' | b'"' | b'(' | b'\t' | b'\n'))
+            .count();
+        let (lead, word) = word.split_at(quotes);
+        out.extend_from_slice(lead);
+        out.extend(mask_query(&mask_user_info(word)));
+    }
+    out
+}
+
+fn starts_with_ignore_case(text: &[u8], prefix: &[u8]) -> bool {
+    text.len() >= prefix.len() && text[..prefix.len()].eq_ignore_ascii_case(prefix)
+}
+
+fn contains_ignore_case(text: &[u8], needle: &[u8]) -> bool {
+    text.windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn masked(text: &str) -> Option<String> {
+        mask_urls(text.as_bytes()).map(|b| String::from_utf8(b).expect("not UTF-8"))
+    }
+
+    #[test]
+    fn masks_the_urls_of_a_line_or_a_statement() {
+        assert_eq!(
+            masked(r#"parameter "outbox.redis_url" changed to "redis://app:s3cret@h:1/0""#)
+                .as_deref(),
+            Some(r#"parameter "outbox.redis_url" changed to "redis://app:***@h:1/0""#)
+        );
+        assert_eq!(
+            masked("ALTER SYSTEM SET OUTBOX.REDIS_URL = 'redis://:a@h:1,rediss://:b@h:2';")
+                .as_deref(),
+            Some("ALTER SYSTEM SET OUTBOX.REDIS_URL = 'redis://:***@h:1,rediss://:***@h:2';")
+        );
+        // A socket URL's password is in its query, and runs to the end of the text.
+        assert_eq!(
+            masked("SET outbox.redis_url TO 'redis+unix:///s.sock?db=1&pass=s3cret'").as_deref(),
+            Some("SET outbox.redis_url TO 'redis+unix:///s.sock?db=1&pass=***")
+        );
+        assert_eq!(
+            masked("parameters: $1 = 'unix:///s?pass=a@s3cret', $2 = 'x'").as_deref(),
+            Some("parameters: $1 = 'unix:///s?pass=***")
+        );
+    }
+
+    #[test]
+    fn hides_passwords_that_break_words_or_quotes() {
+        for text in [
+            // Quotes, commas, '@' and white space in a password.
+            "SET outbox.redis_url = 'redis://:pa''s,s3cret@h:1'",
+            "changed to \"redis://:pa\"s3cret@h\"",
+            "outbox.redis_url='redis://u:p@s3cret@h'",
+            "outbox.redis_url = 'redis://:my s3cret@h'",
+            "outbox.redis_url = E'redis://:a\\'s3cret@h'",
+            "outbox.redis_url = 'redis://:s3cret\n@h'",
+            // Taken without `//`, or refused: no scheme, a mistyped one.
+            "changed to \"unix:/run/redis.sock?pass=s3cret\"",
+            "SET outbox.redis_url = 'redis//:s3cret@h'",
+            "SET outbox.redis_url = '127.0.0.1:6379,x:s3cret@y'",
+            // Cut short inside the password by log_parameter_max_length.
+            "parameters: $1 = 'outbox.redis_url', $2 = 'redis://default:s3cret...'",
+        ] {
+            let masked = masked(text).unwrap_or_else(|| panic!("{text}: unchanged"));
+            assert!(!masked.contains("s3cret"), "{text}: {masked}");
+            assert!(masked.contains("***"), "{text}: {masked}");
+        }
+        assert_eq!(
+            masked("$1 = 'redis://default:9f3a7c...'").as_deref(),
+            Some("$1 = 'redis://***...'")
+        );
+        // Text in another encoding keeps its bytes.
+        assert_eq!(
+            mask_urls(b"\xe9t\xe9 'redis://:s3cret@h'"),
+            Some(b"\xe9t\xe9 'redis://:***@h'".to_vec())
+        );
+    }
+
+    #[test]
+    fn leaves_text_without_passwords_alone() {
+        for text in [
+            r#"parameter "outbox.redis_url" changed to "redis://h:1""#,
+            "SET outbox.redis_url = 'unix:///s.sock?db=1'",
+            "parameter \"outbox.redis_url\" cannot be changed now",
+            "SET outbox.redis_url = 'redis://127.0.0.1:6379/0'",
+        ] {
+            assert_eq!(masked(text), None, "{text}");
+        }
+        // Masking twice changes nothing more.
+        for text in [
+            "outbox.redis_url = 'redis://u:pw@h?pass=x'",
+            "SET outbox.redis_url = '127.0.0.1:6379,x:s3cret@y'",
+            "$1 = 'redis://default:9f3a7c...'",
+            "changed to \"unix:/run/redis.sock?pass=s3cret\"",
+        ] {
+            let once = masked(text).expect(text);
+            assert_eq!(masked(&once), None, "{once}");
+        }
+    }
+
+    #[test]
+    fn names_the_setting_in_any_case() {
+        assert!(names_setting(b"ALTER SYSTEM SET OUTBOX.REDIS_URL = ''"));
+        assert!(names_setting(b"parameter \"outbox.redis_url\" changed"));
+        assert!(!names_setting(b"parameter \"outbox.batch_size\" changed"));
+    }
+}
