@@ -3,16 +3,20 @@
 //! reload logs `parameter "outbox.redis_url" changed to "..."`, `log_statement` logs an
 //! `ALTER SYSTEM SET outbox.redis_url = '...'` whole, and a refused statement is shown with its
 //! error. A log hook, installed in every process of a server that preloads the library, masks
-//! the passwords in every part of a report that names the setting anywhere, and in the
-//! statement shown with it (`url_in_text.rs`). A utility statement that names it (`ALTER
-//! SYSTEM`, `SET`) is also shown masked in `pg_stat_activity`.
+//! the passwords in every part of a report that names the setting or holds a Redis URL
+//! anywhere, and in the statement shown with it (`url_in_text.rs`). A utility statement that
+//! does (`ALTER SYSTEM`, `SET`) is also shown masked in `pg_stat_activity`.
+//!
+//! Log hooks run newest first: a library loaded after this one (later in
+//! `shared_preload_libraries`) sees a report before it is masked, one loaded before sees it
+//! masked.
 
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Mutex, OnceLock};
 
 use pgrx::pg_sys;
 
-use crate::url_in_text::{mask_urls, names_setting};
+use crate::url_in_text::{has_redis_url, mask_urls, names_setting};
 
 static PREVIOUS: OnceLock<pg_sys::emit_log_hook_type> = OnceLock::new();
 
@@ -20,8 +24,8 @@ static PREVIOUS: OnceLock<pg_sys::emit_log_hook_type> = OnceLock::new();
 /// another takes its place.
 static MASKED_STATEMENT: Mutex<Option<CString>> = Mutex::new(None);
 
-/// Installs the hook; called first thing in `_PG_init`, so that libraries loaded after this
-/// one see masked lines.
+/// Installs the hook; called first thing in `_PG_init`, so that what PostgreSQL reports from
+/// then on is masked.
 pub fn init() {
     // SAFETY: _PG_init runs single-threaded as the library loads; chaining the hook is the
     // documented way for an extension to see log lines before they are written.
@@ -33,13 +37,13 @@ pub fn init() {
 }
 
 /// No `pg_guard`: this runs while PostgreSQL reports, and nothing here may raise an error (a
-/// copy that finds no memory drops the line instead). A panic drops the line too: it may have
-/// held a password.
+/// masked part that `palloc` cannot hold drops the line instead). A panic drops the line too:
+/// it may have held a password.
 unsafe extern "C-unwind" fn emit_log(edata: *mut pg_sys::ErrorData) {
     if !edata.is_null() {
         // SAFETY: PostgreSQL hands the hook the report it is about to write, on its main thread.
-        let masked = std::panic::catch_unwind(|| unsafe { mask(&mut *edata) });
-        if masked.is_err() {
+        let panicked = std::panic::catch_unwind(|| unsafe { mask(&mut *edata) }).is_err();
+        if panicked {
             // SAFETY: as above; leaving a report out of the server log is what the hook may do.
             unsafe { (*edata).output_to_server = false };
         }
@@ -56,11 +60,13 @@ unsafe fn mask(edata: &mut pg_sys::ErrorData) {
     if !edata.output_to_server {
         return;
     }
-    // SAFETY: a global of the main thread, null or the running statement's text.
-    let statement = if edata.hide_stmt {
-        std::ptr::null()
-    } else {
+    // SAFETY: globals of the main thread; the statement is null or the running one's text.
+    let statement = if !edata.hide_stmt
+        && statement_is_logged(edata.elevel, unsafe { pg_sys::log_min_error_statement })
+    {
         unsafe { pg_sys::debug_query_string }
+    } else {
+        std::ptr::null()
     };
     let context = edata.assoc_context;
     let mut fields = [
@@ -71,14 +77,15 @@ unsafe fn mask(edata: &mut pg_sys::ErrorData) {
         &mut edata.context,
         &mut edata.internalquery,
     ];
-    // Whether the report names the setting is decided once: a value may be in one part (the
+    // Whether to mask is decided once for the report: a value may be in one part (the
     // parameters of a prepared statement, its DETAIL) and the name in another.
+    let concerned = |text: &[u8]| names_setting(text) || has_redis_url(text);
     // SAFETY: each is null or a NUL-terminated string.
-    let named = fields
+    let concerned = fields
         .iter()
-        .any(|f| unsafe { bytes(**f) }.is_some_and(names_setting))
-        || unsafe { bytes(statement) }.is_some_and(names_setting);
-    if !named {
+        .any(|f| unsafe { bytes(**f) }.is_some_and(concerned))
+        || unsafe { bytes(statement) }.is_some_and(concerned);
+    if !concerned {
         return;
     }
     for field in fields.iter_mut() {
@@ -87,6 +94,11 @@ unsafe fn mask(edata: &mut pg_sys::ErrorData) {
         let Some(masked) = unsafe { bytes(original) }.and_then(mask_urls) else {
             continue;
         };
+        // More than `palloc` can hold raises an error even where running out does not.
+        if masked.len() >= MAX_ALLOC_SIZE {
+            edata.output_to_server = false;
+            return;
+        }
         // SAFETY: copied into the report's context, where PostgreSQL frees its strings, without
         // raising an error when memory is short; the string replaced was allocated there.
         unsafe {
@@ -122,26 +134,51 @@ unsafe fn mask(edata: &mut pg_sys::ErrorData) {
     *kept = Some(masked);
 }
 
-/// Shows the running utility statement masked in `pg_stat_activity` if it names the setting
-/// with a password: the text stays there once the statement has ended, readable by roles with
-/// `pg_read_all_stats` (which `pg_monitor` includes).
+/// `MaxAllocSize`: what one `palloc` may ask for.
+const MAX_ALLOC_SIZE: usize = 0x3fff_ffff;
+
+/// Whether PostgreSQL shows the running statement with a report of this level, as its
+/// `is_log_level_output` decides against `log_min_error_statement` (`LOG` ranks between
+/// `ERROR` and `FATAL` there).
+fn statement_is_logged(elevel: i32, min_level: i32) -> bool {
+    let log = pg_sys::LOG as i32;
+    if elevel == log || elevel == pg_sys::LOG_SERVER_ONLY as i32 {
+        min_level == log || min_level <= pg_sys::PGERROR as i32
+    } else if min_level == log {
+        elevel >= pg_sys::FATAL as i32
+    } else {
+        elevel >= min_level
+    }
+}
+
+/// Shows the running top-level utility statement masked in `pg_stat_activity` if it holds a
+/// password of a Redis URL: the text stays there once the statement has ended, readable by
+/// roles with `pg_read_all_stats` (which `pg_monitor` includes). A statement run by a function
+/// is not shown there; the one that called the function is.
 ///
 /// # Safety
 /// `query_string` is null or the statement's NUL-terminated text; called on a backend's main
 /// thread.
-pub unsafe fn mask_activity(query_string: *const c_char) {
+#[cfg(not(feature = "pg13"))]
+pub unsafe fn mask_activity(query_string: *const c_char, top_level: bool) {
+    if !top_level {
+        return;
+    }
     // SAFETY: as the caller says.
     let Some(text) = (unsafe { bytes(query_string) }) else {
         return;
     };
-    if !names_setting(text) {
+    if !names_setting(text) && !has_redis_url(text) {
         return;
     }
     if let Some(masked) = mask_urls(text).and_then(|m| CString::new(m).ok()) {
-        // SAFETY: the text is copied into the backend's shared-memory entry.
+        // SAFETY: the text is copied into the backend's shared-memory entry; reporting it
+        // resets the statement's query id, which is reported again as it was.
         unsafe {
-            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, masked.as_ptr())
-        };
+            let query_id = pg_sys::pgstat_get_my_query_id();
+            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, masked.as_ptr());
+            pg_sys::pgstat_report_query_id(query_id, true);
+        }
     }
 }
 
@@ -150,4 +187,30 @@ pub unsafe fn mask_activity(query_string: *const c_char) {
 unsafe fn bytes<'a>(text: *const c_char) -> Option<&'a [u8]> {
     // SAFETY: as the caller says.
     (!text.is_null()).then(|| unsafe { CStr::from_ptr(text) }.to_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shows_the_statement_as_postgresql_decides() {
+        let (log, error, fatal, warning) = (
+            pg_sys::LOG as i32,
+            pg_sys::PGERROR as i32,
+            pg_sys::FATAL as i32,
+            pg_sys::WARNING as i32,
+        );
+        // The default, log_min_error_statement = error.
+        assert!(statement_is_logged(error, error));
+        assert!(statement_is_logged(log, error));
+        assert!(!statement_is_logged(warning, error));
+        // log_min_error_statement = log: LOG ranks above ERROR.
+        assert!(statement_is_logged(log, log));
+        assert!(!statement_is_logged(error, log));
+        assert!(statement_is_logged(fatal, log));
+        // log_min_error_statement = panic: nothing but a PANIC.
+        assert!(!statement_is_logged(log, pg_sys::PANIC as i32));
+        assert!(!statement_is_logged(fatal, pg_sys::PANIC as i32));
+    }
 }

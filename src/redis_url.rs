@@ -79,9 +79,10 @@ fn mask_one(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "(not a URL)".to_string();
     };
-    // A socket URL has no authority: its password is in its query.
+    // A socket URL gives its password in its query.
     if scheme.ends_with("unix") {
-        return format!("{scheme}://{}", text(mask_query(rest.as_bytes())));
+        let rest = mask_query(rest.as_bytes());
+        return format!("{scheme}://{}", text(mask_socket_user_info(&rest)));
     }
     // Up to the last '@': a password written with '/', '?' or '#' unescaped is masked whole.
     let rest = mask_user_info(rest.as_bytes());
@@ -99,6 +100,16 @@ pub(crate) fn mask_user_info(rest: &[u8]) -> Vec<u8> {
         None => b"***".to_vec(),
     };
     out.extend_from_slice(&rest[at..]);
+    out
+}
+
+/// A socket URL's user information masked: the Redis client ignores it, but a password typed
+/// there (`unix://:secret@/run/redis.sock`) is one still. What precedes the last `@` before the
+/// query is masked.
+pub(crate) fn mask_socket_user_info(rest: &[u8]) -> Vec<u8> {
+    let end = rest.iter().position(|&b| b == b'?').unwrap_or(rest.len());
+    let mut out = mask_user_info(&rest[..end]);
+    out.extend_from_slice(&rest[end..]);
     out
 }
 
@@ -135,7 +146,7 @@ pub(crate) fn mask_query(rest: &[u8]) -> Vec<u8> {
 }
 
 /// A query key as the URL parser reads it: `%XX` escapes and `+` decoded.
-fn percent_decoded(bytes: &[u8]) -> String {
+pub(crate) fn percent_decoded(bytes: &[u8]) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -245,6 +256,11 @@ mod tests {
         assert!(!mask("unix:///s?pass=a@s3cret").contains("s3cret"));
         assert!(!mask("redis://:x?pass=y@h").contains('x'));
         assert_eq!(mask("unix:///s?db=1"), "unix:///s?db=1");
+        // The client ignores a socket URL's user information; a password there is masked.
+        assert_eq!(
+            mask("unix://:s3cret@/run/r.sock?db=1"),
+            "unix://:***@/run/r.sock?db=1"
+        );
     }
 
     #[test]

@@ -5,16 +5,26 @@
 //! characters, and nothing in it can be trusted to be well formed: a value may be cut short
 //! (`log_parameter_max_length`), quoted in any of SQL's ways, or be one the setting refused.
 //! So the masking errs on the side of hiding: a URL runs from its scheme to where the next
-//! one starts, white space and quotes included, and everything before the last `@` in that
-//! stretch is user information.
+//! one starts, white space and quotes included; everything before the last `@` in that stretch
+//! is user information, and a `pass=` value runs to the last quote in it (or to its end).
+//! What the extension itself writes is masked already (`redis_url::mask`), and masking it
+//! again changes nothing.
 
-use crate::redis_url::{mask_query, mask_user_info};
+use crate::redis_url::{mask_socket_user_info, mask_user_info, percent_decoded};
 
 /// Whether the text names the setting (`outbox.redis_url`, in any case or quoting).
 pub fn names_setting(text: &[u8]) -> bool {
     const SETTING: &[u8] = b"redis_url";
     text.windows(SETTING.len())
         .any(|w| w.eq_ignore_ascii_case(SETTING))
+}
+
+/// Whether the text holds a URL of a Redis scheme, as a value given under a mistyped or cut
+/// name would.
+pub fn has_redis_url(text: &[u8]) -> bool {
+    url_starts(text)
+        .iter()
+        .any(|url| is_redis_scheme(&text[url.scheme..url.name_end]))
 }
 
 /// Schemes the Redis client reads, known even when written without `//` (`unix:/run/r.sock`)
@@ -29,6 +39,10 @@ const SCHEMES: &[&[u8]] = &[
     b"valkey+unix",
 ];
 
+fn is_redis_scheme(name: &[u8]) -> bool {
+    SCHEMES.iter().any(|s| name.eq_ignore_ascii_case(s))
+}
+
 /// The text with the password of every URL in it masked, or `None` when nothing changes.
 /// Masking masked text again changes nothing.
 pub fn mask_urls(text: &[u8]) -> Option<Vec<u8>> {
@@ -39,23 +53,69 @@ pub fn mask_urls(text: &[u8]) -> Option<Vec<u8>> {
         let end = starts.get(n + 1).map_or(text.len(), |next| next.scheme);
         out.extend_from_slice(&text[url.scheme..url.rest]);
         let rest = &text[url.rest..end];
-        let scheme = &text[url.scheme..url.rest];
-        if starts_with_ignore_case(scheme, b"unix") || contains_ignore_case(scheme, b"+unix") {
-            // A socket URL has no user information: its password is in its query.
-            out.extend(mask_query(rest));
-        } else {
-            out.extend(mask_query(&mask_user_info_or_cut(rest)));
-        }
+        let scheme = &text[url.scheme..url.name_end];
+        let socket =
+            starts_with_ignore_case(scheme, b"unix") || contains_ignore_case(scheme, b"+unix");
+        out.extend(mask_url(rest, socket));
     }
     (out != text).then_some(out)
 }
 
-/// Where a URL starts (its scheme) and where what follows `scheme://` starts.
+/// What follows `scheme://`, masked. An `@` after the query's start with a password in the
+/// query leaves no telling which `@` ends which password: then all of it is hidden.
+fn mask_url(rest: &[u8], socket: bool) -> Vec<u8> {
+    if let Some(question) = rest.iter().position(|&b| b == b'?') {
+        let query = &rest[question + 1..];
+        if query.contains(&b'@') && pass_values(query).any(|value| !is_masked(value)) {
+            return hidden_to_last_quote(rest);
+        }
+    }
+    if socket {
+        // A socket URL gives its password in its query.
+        mask_socket_user_info(&mask_query(rest))
+    } else {
+        mask_query(&mask_user_info_or_cut(rest))
+    }
+}
+
+/// `***`, and what follows the last quote: the quote that closes the value, when it is quoted.
+fn hidden_to_last_quote(value: &[u8]) -> Vec<u8> {
+    let quote = value.iter().rposition(|&b| b == b'\'' || b == b'"');
+    [&b"***"[..], quote.map_or(&b""[..], |q| &value[q..])].concat()
+}
+
+/// The values of a query's `pass` keys, each to the end of the text.
+fn pass_values(query: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut pair = 0;
+    std::iter::from_fn(move || {
+        while pair < query.len() {
+            let start = pair;
+            let end = query[start..]
+                .iter()
+                .position(|&b| b == b'&')
+                .map_or(query.len(), |p| start + p);
+            pair = end + 1;
+            let Some(equals) = query[start..end].iter().position(|&b| b == b'=') else {
+                continue;
+            };
+            if percent_decoded(&query[start..start + equals]) == "pass" {
+                return Some(&query[start + equals + 1..]);
+            }
+        }
+        None
+    })
+}
+
+/// Where a URL starts (its scheme), where the scheme's name ends, and where what follows
+/// `scheme://` starts.
 struct UrlStart {
     scheme: usize,
+    name_end: usize,
     rest: usize,
 }
 
+/// The URLs' starts: a scheme followed by `://`, or a Redis scheme followed by `:` or `/`,
+/// where a value may start (so that `redis://unix:secret@host` is one URL, not two).
 fn url_starts(text: &[u8]) -> Vec<UrlStart> {
     let mut starts = Vec::new();
     let mut at = 0;
@@ -67,21 +127,43 @@ fn url_starts(text: &[u8]) -> Vec<UrlStart> {
         }
         let scheme = scheme_start(text, at);
         let name = &text[scheme..at];
-        let rest = if text[at..].starts_with(b"://") && !name.is_empty() {
-            at + 3
-        } else if SCHEMES.iter().any(|s| name.eq_ignore_ascii_case(s)) {
-            at + text[at..]
-                .iter()
-                .take_while(|&&c| c == b':' || c == b'/')
-                .count()
+        let may_start = scheme == 0 || is_value_start(text[scheme - 1]);
+        let rest = if !may_start || name.is_empty() {
+            None
+        } else if text[at..].starts_with(b"://") {
+            Some(at + 3)
+        } else if is_redis_scheme(name) {
+            Some(
+                at + text[at..]
+                    .iter()
+                    .take_while(|&&c| c == b':' || c == b'/')
+                    .count(),
+            )
         } else {
+            None
+        };
+        let Some(rest) = rest else {
             at += 1;
             continue;
         };
-        starts.push(UrlStart { scheme, rest });
+        starts.push(UrlStart {
+            scheme,
+            name_end: at,
+            rest,
+        });
         at = rest;
     }
     starts
+}
+
+/// Whether a value may start after this byte: white space, a quote, a bracket, or what
+/// separates a name from its value or one value from the next.
+fn is_value_start(before: u8) -> bool {
+    before.is_ascii_whitespace()
+        || matches!(
+            before,
+            b'\'' | b'"' | b'=' | b',' | b';' | b'(' | b'[' | b'{' | b'<' | b'>'
+        )
 }
 
 /// Where the scheme that ends at `end` starts: the letters, digits, `+`, `-` and `.` before it.
@@ -100,6 +182,40 @@ fn mask_user_info_or_cut(rest: &[u8]) -> Vec<u8> {
         Some(cut) if cut > 0 => [&b"***"[..], &rest[cut..]].concat(),
         _ => rest.to_vec(),
     }
+}
+
+/// The `pass` values of the query masked. A value runs past `&`, `#` and white space, which a
+/// password may hold, to the last quote in the text or to its end; one masked already (`***`
+/// and no more of it) is kept, with what follows.
+fn mask_query(rest: &[u8]) -> Vec<u8> {
+    let Some(question) = rest.iter().position(|&b| b == b'?') else {
+        return rest.to_vec();
+    };
+    let mut out = Vec::with_capacity(rest.len());
+    let mut copied = 0;
+    for value in pass_values(&rest[question + 1..]) {
+        let at = rest.len() - value.len();
+        if at < copied {
+            continue;
+        }
+        out.extend_from_slice(&rest[copied..at]);
+        if !is_masked(value) {
+            out.extend(hidden_to_last_quote(value));
+            return out;
+        }
+        out.extend_from_slice(b"***");
+        copied = at + 3;
+    }
+    out.extend_from_slice(&rest[copied..]);
+    out
+}
+
+/// Whether a value is `***` and no more: what a masking left.
+fn is_masked(value: &[u8]) -> bool {
+    value.starts_with(b"***")
+        && value.get(3).is_none_or(|&b| {
+            b.is_ascii_whitespace() || matches!(b, b'&' | b'#' | b'\'' | b'"' | b',' | b')')
+        })
 }
 
 /// Text before any URL: a word with an `@` (a refused value without a scheme, say) has what
@@ -150,15 +266,35 @@ mod tests {
                 .as_deref(),
             Some("ALTER SYSTEM SET OUTBOX.REDIS_URL = 'redis://:***@h:1,rediss://:***@h:2';")
         );
-        // A socket URL's password is in its query, and runs to the end of the text.
+        // A socket URL's password is in its query, and runs to the last quote.
         assert_eq!(
             masked("SET outbox.redis_url TO 'redis+unix:///s.sock?db=1&pass=s3cret'").as_deref(),
-            Some("SET outbox.redis_url TO 'redis+unix:///s.sock?db=1&pass=***")
+            Some("SET outbox.redis_url TO 'redis+unix:///s.sock?db=1&pass=***'")
         );
         assert_eq!(
-            masked("parameters: $1 = 'unix:///s?pass=a@s3cret', $2 = 'x'").as_deref(),
-            Some("parameters: $1 = 'unix:///s?pass=***")
+            masked("SELECT set_config('outbox.redis_url', 'unix:///s?pass=s3cret', false)")
+                .as_deref(),
+            Some("SELECT set_config('outbox.redis_url', 'unix:///s?pass=***', false)")
         );
+        // An '@' in the query with a password there: which '@' ends which is unknown.
+        assert_eq!(
+            masked("parameters: $1 = 'unix:///s?pass=a@s3cret', $2 = 'x'").as_deref(),
+            Some("parameters: $1 = 'unix://***'")
+        );
+    }
+
+    #[test]
+    fn masks_what_the_relay_logs_no_further() {
+        for line in [
+            "outbox relay 0 started: database=postgres redis_url=unix:///s.sock?pass=*** \
+             redis_mode=standalone batch_size=100 stream_prefix='a@b'",
+            "outbox relay 0 reloaded: database=postgres redis_url=redis://default:***@h:1 \
+             redis_mode=standalone batch_size=100",
+            "outbox relay 1: cannot reach Redis at unix:///s?db=1&pass=***&user=app (timed out)",
+            "redis_url=redis://:***@h:1,redis://:***@h:2 redis_mode=cluster",
+        ] {
+            assert_eq!(masked(line), None, "{line}");
+        }
     }
 
     #[test]
@@ -177,6 +313,15 @@ mod tests {
             "SET outbox.redis_url = '127.0.0.1:6379,x:s3cret@y'",
             // Cut short inside the password by log_parameter_max_length.
             "parameters: $1 = 'outbox.redis_url', $2 = 'redis://default:s3cret...'",
+            // A user named like a scheme; a password with `://`, `&`, `#` or an '@'.
+            "SET outbox.redis_url = 'redis://unix:s3cret@h'",
+            "SET outbox.redis_url = 'redis://:ab://s3cret@h'",
+            "SET outbox.redis_url = 'unix:///s?pass=a&s3cret#x'",
+            "SET outbox.redis_url = 'unix:///s?pass=a#s3cret'",
+            "SET outbox.redis_url = 'redis://u:p@h?pass=a@s3cret'",
+            "SET outbox.redis_url = 'redis://:s3cret?pass=a@h'",
+            // A socket URL's user information, which the client ignores.
+            "SET outbox.redis_url = 'unix://:s3cret@/run/r.sock'",
         ] {
             let masked = masked(text).unwrap_or_else(|| panic!("{text}: unchanged"));
             assert!(!masked.contains("s3cret"), "{text}: {masked}");
@@ -209,10 +354,23 @@ mod tests {
             "SET outbox.redis_url = '127.0.0.1:6379,x:s3cret@y'",
             "$1 = 'redis://default:9f3a7c...'",
             "changed to \"unix:/run/redis.sock?pass=s3cret\"",
+            "SET outbox.redis_url = 'unix:///s?db=1&pass=a&s3cret#x'",
+            "SET outbox.redis_url = 'unix://:s3cret@/run/r.sock'",
+            "SET outbox.redis_url = 'redis://u:p@h?pass=a@s3cret'",
         ] {
             let once = masked(text).expect(text);
             assert_eq!(masked(&once), None, "{once}");
         }
+    }
+
+    #[test]
+    fn finds_redis_urls_where_values_start() {
+        assert!(has_redis_url(b"SET outbox.redis_uri = 'redis://:s3cret@h'"));
+        assert!(has_redis_url(b"$2 = 'unix:/run/r.sock?pass=x'"));
+        assert!(has_redis_url(b"VALKEYS://h"));
+        assert!(!has_redis_url(b"see https://www.postgresql.org/docs"));
+        assert!(!has_redis_url(b"host=xredis://h"));
+        assert!(!has_redis_url(b"a unix socket: /run/r.sock"));
     }
 
     #[test]

@@ -39,7 +39,10 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: PostgreSQL passes a valid statement; the hook chain is called as it was given.
     unsafe {
         let node = (*pstmt).utilityStmt;
-        log_mask::mask_activity(query_string);
+        log_mask::mask_activity(
+            query_string,
+            context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL,
+        );
         let stepped = step_aside::before(node);
         if wake::commits_prepared(node) && wake::database_is_relayed() {
             wake::wake_relay_at_commit_anywhere();
