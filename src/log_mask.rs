@@ -9,9 +9,10 @@
 //!
 //! Log hooks run newest first: a library loaded after this one (later in
 //! `shared_preload_libraries`) sees a report before it is masked, one loaded before sees it
-//! masked.
+//! masked. The extension's own lines, masked as they are written, are left as they are.
 
 use std::ffi::{c_char, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use pgrx::pg_sys;
@@ -23,6 +24,23 @@ static PREVIOUS: OnceLock<pg_sys::emit_log_hook_type> = OnceLock::new();
 /// The masked copy of the running statement that `debug_query_string` points to, kept until
 /// another takes its place.
 static MASKED_STATEMENT: Mutex<Option<CString>> = Mutex::new(None);
+
+/// Set while the extension reports a line it has masked itself (`redis_url::mask`): the hook
+/// leaves that alone, where masking again could cut text that only follows a masked password.
+static WRITTEN_MASKED: AtomicBool = AtomicBool::new(false);
+
+/// Runs `report`, a report of the extension's own whose Redis URLs are masked already.
+pub fn written_masked<R>(report: impl FnOnce() -> R) -> R {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            WRITTEN_MASKED.store(false, Ordering::Relaxed);
+        }
+    }
+    WRITTEN_MASKED.store(true, Ordering::Relaxed);
+    let _reset = Reset;
+    report()
+}
 
 /// Installs the hook; called first thing in `_PG_init`, so that what PostgreSQL reports from
 /// then on is masked.
@@ -57,12 +75,15 @@ unsafe extern "C-unwind" fn emit_log(edata: *mut pg_sys::ErrorData) {
 /// # Safety
 /// `edata` is the report being written, its strings allocated in its context or null.
 unsafe fn mask(edata: &mut pg_sys::ErrorData) {
-    if !edata.output_to_server {
+    if !edata.output_to_server || WRITTEN_MASKED.load(Ordering::Relaxed) {
         return;
     }
-    // SAFETY: globals of the main thread; the statement is null or the running one's text.
+    // The statement, where PostgreSQL will print it or a hook called after this one may read
+    // it. SAFETY: globals of the main thread; the statement is null or the running one's text.
+    let previous_hook = PREVIOUS.get().copied().flatten().is_some();
     let statement = if !edata.hide_stmt
-        && statement_is_logged(edata.elevel, unsafe { pg_sys::log_min_error_statement })
+        && (previous_hook
+            || statement_is_logged(edata.elevel, unsafe { pg_sys::log_min_error_statement }))
     {
         unsafe { pg_sys::debug_query_string }
     } else {
@@ -172,13 +193,12 @@ pub unsafe fn mask_activity(query_string: *const c_char, top_level: bool) {
         return;
     }
     if let Some(masked) = mask_urls(text).and_then(|m| CString::new(m).ok()) {
-        // SAFETY: the text is copied into the backend's shared-memory entry; reporting it
-        // resets the statement's query id, which is reported again as it was.
+        // SAFETY: the text is copied into the backend's shared-memory entry. Reporting it
+        // clears the statement's query id, which is left so: a utility statement's id is a
+        // hash of its text, password included.
         unsafe {
-            let query_id = pg_sys::pgstat_get_my_query_id();
-            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, masked.as_ptr());
-            pg_sys::pgstat_report_query_id(query_id, true);
-        }
+            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, masked.as_ptr())
+        };
     }
 }
 

@@ -80,7 +80,7 @@ fn mask_one(url: &str) -> String {
         return "(not a URL)".to_string();
     };
     // A socket URL gives its password in its query.
-    if scheme.ends_with("unix") {
+    if scheme.to_ascii_lowercase().ends_with("unix") {
         let rest = mask_query(rest.as_bytes());
         return format!("{scheme}://{}", text(mask_socket_user_info(&rest)));
     }
@@ -107,7 +107,13 @@ pub(crate) fn mask_user_info(rest: &[u8]) -> Vec<u8> {
 /// there (`unix://:secret@/run/redis.sock`) is one still. What precedes the last `@` before the
 /// query is masked.
 pub(crate) fn mask_socket_user_info(rest: &[u8]) -> Vec<u8> {
-    let end = rest.iter().position(|&b| b == b'?').unwrap_or(rest.len());
+    // Up to the query, or to the last `@/`: a socket's path is absolute, a password may hold `?`.
+    let query = rest.iter().position(|&b| b == b'?').unwrap_or(rest.len());
+    let path = rest
+        .windows(2)
+        .rposition(|w| w == b"@/")
+        .map_or(0, |at| at + 1);
+    let end = query.max(path);
     let mut out = mask_user_info(&rest[..end]);
     out.extend_from_slice(&rest[end..]);
     out
@@ -147,6 +153,12 @@ pub(crate) fn mask_query(rest: &[u8]) -> Vec<u8> {
 
 /// A query key as the URL parser reads it: `%XX` escapes and `+` decoded.
 pub(crate) fn percent_decoded(bytes: &[u8]) -> String {
+    // The URL parser drops tabs and line breaks wherever they are.
+    let bytes: Vec<u8> = bytes
+        .iter()
+        .copied()
+        .filter(|b| !matches!(b, b'\t' | b'\n' | b'\r'))
+        .collect();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -256,6 +268,9 @@ mod tests {
         assert!(!mask("unix:///s?pass=a@s3cret").contains("s3cret"));
         assert!(!mask("redis://:x?pass=y@h").contains('x'));
         assert_eq!(mask("unix:///s?db=1"), "unix:///s?db=1");
+        // The scheme in capitals, a tab in the key: the client reads both as a socket's password.
+        assert!(!mask("REDIS+UNIX:///run/redis.sock?pass=a@s3cret").contains("s3cret"));
+        assert!(!mask("unix:///s?pa\tss=s3cret").contains("s3cret"));
         // The client ignores a socket URL's user information; a password there is masked.
         assert_eq!(
             mask("unix://:s3cret@/run/r.sock?db=1"),

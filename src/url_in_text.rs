@@ -6,9 +6,9 @@
 //! (`log_parameter_max_length`), quoted in any of SQL's ways, or be one the setting refused.
 //! So the masking errs on the side of hiding: a URL runs from its scheme to where the next
 //! one starts, white space and quotes included; everything before the last `@` in that stretch
-//! is user information, and a `pass=` value runs to the last quote in it (or to its end).
-//! What the extension itself writes is masked already (`redis_url::mask`), and masking it
-//! again changes nothing.
+//! is user information, and a `pass=` value runs to the last quote in it (or to its end, when
+//! another URL follows). Masking masked text again changes nothing; the extension's own lines,
+//! masked as they are written (`redis_url::mask`), are left alone (`log_mask.rs`).
 
 use crate::redis_url::{mask_socket_user_info, mask_user_info, percent_decoded};
 
@@ -19,12 +19,13 @@ pub fn names_setting(text: &[u8]) -> bool {
         .any(|w| w.eq_ignore_ascii_case(SETTING))
 }
 
-/// Whether the text holds a URL of a Redis scheme, as a value given under a mistyped or cut
-/// name would.
+/// Whether the text holds a URL of a Redis scheme followed by `/`, as a value given under a
+/// mistyped or cut name would (`redis:users:1`, a cache key, is no URL).
 pub fn has_redis_url(text: &[u8]) -> bool {
-    url_starts(text)
-        .iter()
-        .any(|url| is_redis_scheme(&text[url.scheme..url.name_end]))
+    url_starts(text).iter().any(|url| {
+        is_redis_scheme(&text[url.scheme..url.name_end])
+            && text[url.name_end..url.rest].contains(&b'/')
+    })
 }
 
 /// Schemes the Redis client reads, known even when written without `//` (`unix:/run/r.sock`)
@@ -56,32 +57,47 @@ pub fn mask_urls(text: &[u8]) -> Option<Vec<u8>> {
         let scheme = &text[url.scheme..url.name_end];
         let socket =
             starts_with_ignore_case(scheme, b"unix") || contains_ignore_case(scheme, b"+unix");
-        out.extend(mask_url(rest, socket));
+        out.extend(mask_url(rest, socket, n + 1 == starts.len()));
     }
     (out != text).then_some(out)
 }
 
-/// What follows `scheme://`, masked. An `@` after the query's start with a password in the
-/// query leaves no telling which `@` ends which password: then all of it is hidden.
-fn mask_url(rest: &[u8], socket: bool) -> Vec<u8> {
+/// What follows `scheme://` up to the next URL (`last` when none follows), masked. An `@`
+/// after the query's start with a password in the query leaves no telling which `@` ends which
+/// password: then all of it is hidden.
+fn mask_url(rest: &[u8], socket: bool, last: bool) -> Vec<u8> {
     if let Some(question) = rest.iter().position(|&b| b == b'?') {
         let query = &rest[question + 1..];
-        if query.contains(&b'@') && pass_values(query).any(|value| !is_masked(value)) {
-            return hidden_to_last_quote(rest);
+        if query.contains(&b'@') && pass_values(query).next().is_some() {
+            return hidden(rest, last);
         }
     }
     if socket {
         // A socket URL gives its password in its query.
-        mask_socket_user_info(&mask_query(rest))
+        mask_socket_user_info(&mask_query(rest, last))
     } else {
-        mask_query(&mask_user_info_or_cut(rest))
+        mask_query(&mask_user_info_or_cut(rest), last)
     }
 }
 
-/// `***`, and what follows the last quote: the quote that closes the value, when it is quoted.
-fn hidden_to_last_quote(value: &[u8]) -> Vec<u8> {
-    let quote = value.iter().rposition(|&b| b == b'\'' || b == b'"');
-    [&b"***"[..], quote.map_or(&b""[..], |q| &value[q..])].concat()
+/// `***` in place of a value, and what follows it: of the last URL, what follows the last
+/// quote (the one that closes the value, when it is quoted); of one another URL follows, the
+/// separator before that one (a quote there may be in the password).
+fn hidden(value: &[u8], last: bool) -> Vec<u8> {
+    let kept = if last {
+        value
+            .iter()
+            .rposition(|&b| b == b'\'' || b == b'"')
+            .unwrap_or(value.len())
+    } else {
+        value.len()
+            - value
+                .iter()
+                .rev()
+                .take_while(|&&b| b == b',' || b.is_ascii_whitespace())
+                .count()
+    };
+    [&b"***"[..], &value[kept..]].concat()
 }
 
 /// The values of a query's `pass` keys, each to the end of the text.
@@ -162,7 +178,7 @@ fn is_value_start(before: u8) -> bool {
     before.is_ascii_whitespace()
         || matches!(
             before,
-            b'\'' | b'"' | b'=' | b',' | b';' | b'(' | b'[' | b'{' | b'<' | b'>'
+            b'\'' | b'"' | b'$' | b'=' | b',' | b';' | b'(' | b'[' | b'{' | b'<' | b'>'
         )
 }
 
@@ -172,50 +188,45 @@ fn scheme_start(text: &[u8], end: usize) -> usize {
     end - text[..end].iter().rev().take_while(|b| scheme(b)).count()
 }
 
-/// User information masked; without an `@`, a value cut short (`...`, as PostgreSQL shortens
-/// long parameters) is masked up to the cut, which may be inside a password.
+/// User information masked. Without an `@`, a value cut short (`...`, as PostgreSQL shortens
+/// long parameters) is masked up to the cut, which may be inside a password; and a refused
+/// value whose `user:password` lacks its `@host` has what follows the `:` masked, unless that
+/// is a port.
 fn mask_user_info_or_cut(rest: &[u8]) -> Vec<u8> {
     if rest.contains(&b'@') {
         return mask_user_info(rest);
     }
-    match rest.windows(3).position(|w| w == b"...") {
-        Some(cut) if cut > 0 => [&b"***"[..], &rest[cut..]].concat(),
+    if let Some(cut) = rest.windows(3).position(|w| w == b"...").filter(|&c| c > 0) {
+        return [&b"***"[..], &rest[cut..]].concat();
+    }
+    let authority = rest
+        .iter()
+        .position(|&b| {
+            matches!(b, b'/' | b'?' | b'#' | b',' | b'\'' | b'"') || b.is_ascii_whitespace()
+        })
+        .unwrap_or(rest.len());
+    let colon = rest[..authority].iter().position(|&b| b == b':');
+    match colon {
+        Some(colon)
+            if !rest.starts_with(b"[")
+                && !rest[colon + 1..authority].iter().all(u8::is_ascii_digit) =>
+        {
+            [&rest[..colon], b":***", &rest[authority..]].concat()
+        }
         _ => rest.to_vec(),
     }
 }
 
-/// The `pass` values of the query masked. A value runs past `&`, `#` and white space, which a
-/// password may hold, to the last quote in the text or to its end; one masked already (`***`
-/// and no more of it) is kept, with what follows.
-fn mask_query(rest: &[u8]) -> Vec<u8> {
+/// The query's `pass` value masked. It runs past `&`, `#` and white space, which a password
+/// may hold (`hidden`).
+fn mask_query(rest: &[u8], last: bool) -> Vec<u8> {
     let Some(question) = rest.iter().position(|&b| b == b'?') else {
         return rest.to_vec();
     };
-    let mut out = Vec::with_capacity(rest.len());
-    let mut copied = 0;
-    for value in pass_values(&rest[question + 1..]) {
-        let at = rest.len() - value.len();
-        if at < copied {
-            continue;
-        }
-        out.extend_from_slice(&rest[copied..at]);
-        if !is_masked(value) {
-            out.extend(hidden_to_last_quote(value));
-            return out;
-        }
-        out.extend_from_slice(b"***");
-        copied = at + 3;
+    match pass_values(&rest[question + 1..]).next() {
+        Some(value) => [&rest[..rest.len() - value.len()], &hidden(value, last)].concat(),
+        None => rest.to_vec(),
     }
-    out.extend_from_slice(&rest[copied..]);
-    out
-}
-
-/// Whether a value is `***` and no more: what a masking left.
-fn is_masked(value: &[u8]) -> bool {
-    value.starts_with(b"***")
-        && value.get(3).is_none_or(|&b| {
-            b.is_ascii_whitespace() || matches!(b, b'&' | b'#' | b'\'' | b'"' | b',' | b')')
-        })
 }
 
 /// Text before any URL: a word with an `@` (a refused value without a scheme, say) has what
@@ -232,7 +243,7 @@ fn mask_words(text: &[u8]) -> Vec<u8> {
             .count();
         let (lead, word) = word.split_at(quotes);
         out.extend_from_slice(lead);
-        out.extend(mask_query(&mask_user_info(word)));
+        out.extend(mask_query(&mask_user_info(word), true));
     }
     out
 }
@@ -284,17 +295,16 @@ mod tests {
     }
 
     #[test]
-    fn masks_what_the_relay_logs_no_further() {
-        for line in [
-            "outbox relay 0 started: database=postgres redis_url=unix:///s.sock?pass=*** \
-             redis_mode=standalone batch_size=100 stream_prefix='a@b'",
-            "outbox relay 0 reloaded: database=postgres redis_url=redis://default:***@h:1 \
-             redis_mode=standalone batch_size=100",
-            "outbox relay 1: cannot reach Redis at unix:///s?db=1&pass=***&user=app (timed out)",
-            "redis_url=redis://:***@h:1,redis://:***@h:2 redis_mode=cluster",
-        ] {
-            assert_eq!(masked(line), None, "{line}");
-        }
+    fn masks_each_url_of_a_list_to_its_separator() {
+        assert_eq!(
+            masked("SET outbox.redis_url = 'unix:///s?pass=a,unix:///t?pass=b'").as_deref(),
+            Some("SET outbox.redis_url = 'unix:///s?pass=***,unix:///t?pass=***'")
+        );
+        // A quote in the first password is no closing quote.
+        assert_eq!(
+            masked(r#"changed to "unix:///a?pass=ab's3cret, unix:///b?pass=ab's3cret""#).as_deref(),
+            Some(r#"changed to "unix:///a?pass=***, unix:///b?pass=***""#)
+        );
     }
 
     #[test]
@@ -322,6 +332,20 @@ mod tests {
             "SET outbox.redis_url = 'redis://:s3cret?pass=a@h'",
             // A socket URL's user information, which the client ignores.
             "SET outbox.redis_url = 'unix://:s3cret@/run/r.sock'",
+            "SET outbox.redis_url = 'unix://:s3?cret@/run/r.sock'",
+            // A list whose passwords hold quotes.
+            "ALTER SYSTEM SET outbox.redis_url = 'unix:///a?pass=ab''s3cret,unix:///b?pass=ab''s3cret'",
+            // User information without its host: refused, shown with the error.
+            "SET outbox.redis_url = 'redis://default:s3cret'",
+            "SET outbox.redis_url = 'redis://default:s3cret%40redis.example.com:6379'",
+            "SET outbox.redis_url = 'redis://:s3cret,unix:@h'",
+            "SET outbox.redis_url = 'redis://:my x://s3cret@h'",
+            // A password that looks masked; a key the URL parser reads as `pass`.
+            "changed to \"unix:///s?pass=*** s3cret\"",
+            "SET outbox.redis_url = 'unix:///s?pass=***''s3cret'",
+            "SET outbox.redis_url = E'unix:///s?pa\tss=s3cret'",
+            // Dollar-quoted, under a mistyped name.
+            "SET outbox.redis_uri = $$redis://:s3cret@h$$",
         ] {
             let masked = masked(text).unwrap_or_else(|| panic!("{text}: unchanged"));
             assert!(!masked.contains("s3cret"), "{text}: {masked}");
@@ -345,6 +369,8 @@ mod tests {
             "SET outbox.redis_url = 'unix:///s.sock?db=1'",
             "parameter \"outbox.redis_url\" cannot be changed now",
             "SET outbox.redis_url = 'redis://127.0.0.1:6379/0'",
+            "SET outbox.redis_url = 'redis://[::1]:6379'",
+            "SET outbox.redis_url = 'redis://h:1,redis://h:2'",
         ] {
             assert_eq!(masked(text), None, "{text}");
         }
@@ -371,6 +397,13 @@ mod tests {
         assert!(!has_redis_url(b"see https://www.postgresql.org/docs"));
         assert!(!has_redis_url(b"host=xredis://h"));
         assert!(!has_redis_url(b"a unix socket: /run/r.sock"));
+        assert!(has_redis_url(
+            b"SET outbox.redis_uri = $$redis://:s3cret@h$$"
+        ));
+        // A cache key is no URL: a line with one and an e-mail address is left alone.
+        assert!(!has_redis_url(
+            b"INSERT INTO users VALUES ('bob@example.com', 'redis:users:1')"
+        ));
     }
 
     #[test]

@@ -448,9 +448,13 @@ fn a_socket_urls_password_stays_secret() {
     assert!(error.contains("pass=***"), "{error}");
     assert!(!error.contains("socket-s3cret"), "{error}");
     let log = pg.log();
-    // The worker's own line, masked by it, is left whole by the log hook.
+    // The worker's own lines, masked by it, are left whole by the log hook.
     assert!(
         log.contains("redis.sock?db=0&pass=*** redis_mode=standalone batch_size="),
+        "{log}"
+    );
+    assert!(
+        log.contains("redis.sock?db=0&pass=***: cannot connect to unix:///nonexistent/"),
         "{log}"
     );
     assert!(

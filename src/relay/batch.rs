@@ -20,7 +20,7 @@ use super::worker::{self, End};
 use super::{backoff, encode, retry, Pass, Relay};
 use crate::ring;
 use crate::shmem::WorkerState;
-use crate::{lane, redis_url};
+use crate::{lane, log_mask, redis_url};
 
 /// How often the relay moves due delayed events into `outbox`, at most (and at least twice per
 /// `outbox.poll_interval`); at once again while a move finds a full batch.
@@ -147,11 +147,13 @@ impl Relay {
                 Reply::Unavailable(error) => return self.lost_redis(error),
             };
             if self.backoff.reset() {
-                log!(
-                    "outbox relay {}: Redis at {} is reachable again",
-                    self.index,
-                    redis_url::mask(&self.settings.target.url)
-                );
+                log_mask::written_masked(|| {
+                    log!(
+                        "outbox relay {}: Redis at {} is reachable again",
+                        self.index,
+                        redis_url::mask(&self.settings.target.url)
+                    );
+                });
                 self.slot.set_error(None, worker::now());
             }
             // Failed ones included: a later time than their rows' marks only delays emptying.
@@ -334,12 +336,14 @@ impl Relay {
     /// Redis could not be used: the transaction rolls back, and the worker backs off.
     fn lost_redis(&mut self, error: String) -> Batch {
         if !self.backoff.is_failing() {
-            warning!(
-                "outbox relay {}: lost Redis at {}: {error}; retrying with backoff up to {}s",
-                self.index,
-                redis_url::mask(&self.settings.target.url),
-                backoff::CAP.as_secs()
-            );
+            log_mask::written_masked(|| {
+                warning!(
+                    "outbox relay {}: lost Redis at {}: {error}; retrying with backoff up to {}s",
+                    self.index,
+                    redis_url::mask(&self.settings.target.url),
+                    backoff::CAP.as_secs()
+                );
+            });
         }
         self.slot.set_error(Some(&error), worker::now());
         Batch {

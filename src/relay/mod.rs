@@ -35,8 +35,8 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::databases::Selection;
-use crate::gucs;
 use crate::shmem::{DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
+use crate::{gucs, log_mask};
 use backoff::{Backoff, Pacing};
 use extension::Extension;
 use publish::Publisher;
@@ -188,10 +188,12 @@ impl Relay {
         let probing = !Selection::parse(&gucs::database())
             .is_ok_and(|selection| selection.waits_for_extension());
         if !probing {
-            log!(
-                "outbox relay {index} started: {}",
-                settings.describe(&database)
-            );
+            log_mask::written_masked(|| {
+                log!(
+                    "outbox relay {index} started: {}",
+                    settings.describe(&database)
+                );
+            });
         }
         Relay {
             everywhere: probing,
@@ -322,11 +324,13 @@ impl Relay {
         if settings == self.settings {
             return false;
         }
-        log!(
-            "outbox relay {} reloaded: {}",
-            self.index,
-            settings.describe(&self.database)
-        );
+        log_mask::written_masked(|| {
+            log!(
+                "outbox relay {} reloaded: {}",
+                self.index,
+                settings.describe(&self.database)
+            );
+        });
         let retarget = settings.target != self.settings.target;
         session::commit_without_waiting(settings.target.dedupe);
         if retarget {
@@ -465,10 +469,12 @@ impl Relay {
         if self.probing && found {
             // Found: the worker stays, and says so.
             self.probing = false;
-            log!(
-                "outbox relay {index} started: {}",
-                self.settings.describe(&self.database)
-            );
+            log_mask::written_masked(|| {
+                log!(
+                    "outbox relay {index} started: {}",
+                    self.settings.describe(&self.database)
+                );
+            });
         }
         match state {
             WorkerState::WaitingForExtension if self.probing => {}
