@@ -526,9 +526,22 @@ impl Pg {
         );
     }
 
-    /// `kill -9` of a process of this server (the postmaster then restarts the cluster).
+    /// `kill -9` of a process of this server; returns once the postmaster has ended every other
+    /// process to restart the cluster. (Before that, the killed worker may still be listed and a
+    /// new connection be accepted, only to be cut by the restart.)
     pub fn kill9(&self, pid: i32) {
+        const RESTART: &str = "all server processes terminated; reinitializing";
+        let restarts = self.log().matches(RESTART).count();
         run(Command::new("kill").args(["-9", &pid.to_string()]));
+        assert!(
+            wait_until(Duration::from_secs(30), || self
+                .log()
+                .matches(RESTART)
+                .count()
+                > restarts),
+            "the server did not restart after the kill of {pid}:\n{}",
+            self.log()
+        );
     }
 
     /// Stops the server with `pg_ctl stop -m <mode>`; returns how long that took.
