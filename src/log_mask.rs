@@ -75,7 +75,16 @@ unsafe extern "C-unwind" fn emit_log(edata: *mut pg_sys::ErrorData) {
 /// # Safety
 /// `edata` is the report being written, its strings allocated in its context or null.
 unsafe fn mask(edata: &mut pg_sys::ErrorData) {
-    if !edata.output_to_server || WRITTEN_MASKED.load(Ordering::Relaxed) {
+    if !edata.output_to_server {
+        return;
+    }
+    // The extension's own line, if the flag is set and the report comes from Rust source: the
+    // flag is taken by the first report, so none raised while it is written (an interrupt's)
+    // passes unmasked.
+    // SAFETY: `filename` is null or the reporting source file's name.
+    if WRITTEN_MASKED.swap(false, Ordering::Relaxed)
+        && unsafe { bytes(edata.filename) }.is_some_and(|f| f.ends_with(b".rs"))
+    {
         return;
     }
     // The statement, where PostgreSQL will print it or a hook called after this one may read
@@ -145,7 +154,9 @@ unsafe fn mask(edata: &mut pg_sys::ErrorData) {
     let Some(masked) = unsafe { bytes(statement) }.and_then(mask_urls) else {
         return;
     };
-    let (Ok(masked), Ok(mut kept)) = (CString::new(masked), MASKED_STATEMENT.lock()) else {
+    // `try_lock`: a report raised while this one is written (from a signal handler) finds it
+    // taken, and has its statement left out.
+    let (Ok(masked), Ok(mut kept)) = (CString::new(masked), MASKED_STATEMENT.try_lock()) else {
         edata.hide_stmt = true;
         return;
     };

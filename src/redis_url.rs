@@ -75,18 +75,36 @@ fn mask_one(url: &str) -> String {
     if url.trim().is_empty() {
         return url.to_string();
     }
-    // Without a scheme nothing tells a password from a host: shown as nothing of it.
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "(not a URL)".to_string();
+    let lead = url.len() - url.trim_start().len();
+    let (space, url) = url.split_at(lead);
+    // The scheme as the URL parser reads it: up to the first ':'. Without one nothing tells a
+    // password from a host: shown as nothing of it.
+    let scheme_len = url
+        .bytes()
+        .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+        .count();
+    let (scheme, after) = url.split_at(scheme_len);
+    let Some(after) = after.strip_prefix(':').filter(|_| scheme_len > 0) else {
+        return format!("{space}(not a URL)");
     };
-    // A socket URL gives its password in its query.
+    let (separator, rest) = match after.strip_prefix("//") {
+        Some(rest) => ("://", rest),
+        None => (":", after),
+    };
+    // A socket URL (`unix:///run/r.sock`, `unix:/run/r.sock`) gives its password in its query.
     if scheme.to_ascii_lowercase().ends_with("unix") {
         let rest = mask_query(rest.as_bytes());
-        return format!("{scheme}://{}", text(mask_socket_user_info(&rest)));
+        return format!(
+            "{space}{scheme}{separator}{}",
+            text(mask_socket_user_info(&rest))
+        );
+    }
+    if separator != "://" {
+        return format!("{space}(not a URL)");
     }
     // Up to the last '@': a password written with '/', '?' or '#' unescaped is masked whole.
     let rest = mask_user_info(rest.as_bytes());
-    format!("{scheme}://{}", text(mask_query(&rest)))
+    format!("{space}{scheme}://{}", text(mask_query(&rest)))
 }
 
 /// The part of a URL after `://` with what precedes its last `@` masked, a user name kept.
@@ -107,13 +125,20 @@ pub(crate) fn mask_user_info(rest: &[u8]) -> Vec<u8> {
 /// there (`unix://:secret@/run/redis.sock`) is one still. What precedes the last `@` before the
 /// query is masked.
 pub(crate) fn mask_socket_user_info(rest: &[u8]) -> Vec<u8> {
-    // Up to the query, or to the last `@/`: a socket's path is absolute, a password may hold `?`.
+    // Up to the query, or to the last `@` before a host and the socket's path (which is
+    // absolute): a password may hold `?`.
     let query = rest.iter().position(|&b| b == b'?').unwrap_or(rest.len());
-    let path = rest
-        .windows(2)
-        .rposition(|w| w == b"@/")
+    let before_path = (0..rest.len())
+        .rev()
+        .filter(|&at| rest[at] == b'@')
+        .find(|&at| {
+            rest[at + 1..]
+                .iter()
+                .find(|b| matches!(b, b'/' | b'?' | b'#' | b'@'))
+                == Some(&b'/')
+        })
         .map_or(0, |at| at + 1);
-    let end = query.max(path);
+    let end = query.max(before_path);
     let mut out = mask_user_info(&rest[..end]);
     out.extend_from_slice(&rest[end..]);
     out
@@ -123,32 +148,29 @@ fn text(bytes: Vec<u8>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// The query's `pass` parameter masked: a socket URL (`unix:///run/redis.sock?pass=...`) gives
-/// its password there.
+/// The query's `pass` parameter masked, to the end: a socket URL
+/// (`unix:///run/redis.sock?pass=...`) gives its password there, and one with an unescaped `&`
+/// or `#` in it would show the rest.
 pub(crate) fn mask_query(rest: &[u8]) -> Vec<u8> {
     let Some(question) = rest.iter().position(|&b| b == b'?') else {
         return rest.to_vec();
     };
-    let (before, query) = rest.split_at(question + 1);
-    let (query, fragment) = match query.iter().position(|&b| b == b'#') {
-        Some(hash) => query.split_at(hash),
-        None => (query, &b""[..]),
-    };
-    let mut out = before.to_vec();
-    for (n, pair) in query.split(|&b| b == b'&').enumerate() {
-        if n > 0 {
-            out.push(b'&');
-        }
-        match pair.iter().position(|&b| b == b'=') {
-            Some(equals) if percent_decoded(&pair[..equals]) == "pass" => {
-                out.extend_from_slice(&pair[..=equals]);
-                out.extend_from_slice(b"***");
+    let query = &rest[question + 1..];
+    let mut pair = 0;
+    while pair < query.len() {
+        let end = query[pair..]
+            .iter()
+            .position(|&b| b == b'&')
+            .map_or(query.len(), |p| pair + p);
+        if let Some(equals) = query[pair..end].iter().position(|&b| b == b'=') {
+            if percent_decoded(&query[pair..pair + equals]) == "pass" {
+                let value = question + 1 + pair + equals + 1;
+                return [&rest[..value], b"***"].concat();
             }
-            _ => out.extend_from_slice(pair),
         }
+        pair = end + 1;
     }
-    out.extend_from_slice(fragment);
-    out
+    rest.to_vec()
 }
 
 /// A query key as the URL parser reads it: `%XX` escapes and `+` decoded.
@@ -259,11 +281,11 @@ mod tests {
         // A socket URL's password is in its query.
         assert_eq!(
             mask("unix:///run/redis.sock?db=2&pass=s3cret&user=app"),
-            "unix:///run/redis.sock?db=2&pass=***&user=app"
+            "unix:///run/redis.sock?db=2&pass=***"
         );
         assert_eq!(
             mask("redis+unix:///s?p%61ss=s3cret#x"),
-            "redis+unix:///s?p%61ss=***#x"
+            "redis+unix:///s?p%61ss=***"
         );
         assert!(!mask("unix:///s?pass=a@s3cret").contains("s3cret"));
         assert!(!mask("redis://:x?pass=y@h").contains('x'));
@@ -271,11 +293,20 @@ mod tests {
         // The scheme in capitals, a tab in the key: the client reads both as a socket's password.
         assert!(!mask("REDIS+UNIX:///run/redis.sock?pass=a@s3cret").contains("s3cret"));
         assert!(!mask("unix:///s?pa\tss=s3cret").contains("s3cret"));
+        // Written without `//`, with a `://` or an unescaped `&` or `#` in the password.
+        assert_eq!(
+            mask("unix:/run/r.sock?pass=ab://s3cret"),
+            "unix:/run/r.sock?pass=***"
+        );
+        assert!(!mask("unix:///s?pass=ab&s3cret").contains("s3cret"));
+        assert!(!mask("unix:///s?pass=ab#s3cret").contains("s3cret"));
+        assert_eq!(mask("redis//h"), "(not a URL)");
         // The client ignores a socket URL's user information; a password there is masked.
         assert_eq!(
             mask("unix://:s3cret@/run/r.sock?db=1"),
             "unix://:***@/run/r.sock?db=1"
         );
+        assert!(!mask("unix://:s3?cret@localhost/run/r.sock").contains("cret"));
     }
 
     #[test]

@@ -5,10 +5,11 @@
 //! characters, and nothing in it can be trusted to be well formed: a value may be cut short
 //! (`log_parameter_max_length`), quoted in any of SQL's ways, or be one the setting refused.
 //! So the masking errs on the side of hiding: a URL runs from its scheme to where the next
-//! one starts, white space and quotes included; everything before the last `@` in that stretch
-//! is user information, and a `pass=` value runs to the last quote in it (or to its end, when
-//! another URL follows). Masking masked text again changes nothing; the extension's own lines,
-//! masked as they are written (`redis_url::mask`), are left alone (`log_mask.rs`).
+//! one starts (after a comma or the quote that closes its value), white space and quotes
+//! included; everything before the last `@` in that stretch is user information, and a
+//! `pass=` value runs to the quote (or dollar quote) that closes it, or to the next URL's comma,
+//! or to the end of the text. The extension's own lines, masked as they are written
+//! (`redis_url::mask`), are left alone (`log_mask.rs`).
 
 use crate::redis_url::{mask_socket_user_info, mask_user_info, percent_decoded};
 
@@ -45,59 +46,101 @@ fn is_redis_scheme(name: &[u8]) -> bool {
 }
 
 /// The text with the password of every URL in it masked, or `None` when nothing changes.
-/// Masking masked text again changes nothing.
 pub fn mask_urls(text: &[u8]) -> Option<Vec<u8>> {
-    let starts = url_starts(text);
-    let first = starts.first().map_or(text.len(), |url| url.scheme);
+    let urls = url_starts(text);
+    let first = urls.first().map_or(text.len(), |url| url.scheme);
     let mut out = mask_words(&text[..first]);
-    for (n, url) in starts.iter().enumerate() {
-        let end = starts.get(n + 1).map_or(text.len(), |next| next.scheme);
+    for (n, url) in urls.iter().enumerate() {
+        let end = urls.get(n + 1).map_or(text.len(), |next| next.scheme);
         out.extend_from_slice(&text[url.scheme..url.rest]);
         let rest = &text[url.rest..end];
         let scheme = &text[url.scheme..url.name_end];
         let socket =
             starts_with_ignore_case(scheme, b"unix") || contains_ignore_case(scheme, b"+unix");
-        out.extend(mask_url(rest, socket, n + 1 == starts.len()));
+        let value = Value {
+            closer: url.closer,
+            last: n + 1 == urls.len(),
+        };
+        out.extend(mask_url(rest, socket, value));
     }
     (out != text).then_some(out)
 }
 
-/// What follows `scheme://` up to the next URL (`last` when none follows), masked. An `@`
-/// after the query's start with a password in the query leaves no telling which `@` ends which
-/// password: then all of it is hidden.
-fn mask_url(rest: &[u8], socket: bool, last: bool) -> Vec<u8> {
+/// Where a URL's value ends: the quote or dollar sign that opened it (`None` for a bare
+/// value), and whether another URL follows it in the text.
+#[derive(Clone, Copy)]
+struct Value {
+    closer: Option<u8>,
+    last: bool,
+}
+
+/// What follows `scheme://` up to the next URL, masked. A value cut short (`...`, as
+/// PostgreSQL shortens long parameters) is hidden up to the cut, which may be inside a
+/// password; an `@` after the query's start with a password in the query leaves no telling
+/// which `@` ends which password, and all of it is hidden.
+fn mask_url(rest: &[u8], socket: bool, value: Value) -> Vec<u8> {
+    if let Some(cut) = rest
+        .windows(3)
+        .rposition(|w| w == b"...")
+        .filter(|&c| c > 0)
+    {
+        return [&b"***"[..], &rest[cut..]].concat();
+    }
     if let Some(question) = rest.iter().position(|&b| b == b'?') {
-        let query = &rest[question + 1..];
-        if query.contains(&b'@') && pass_values(query).next().is_some() {
-            return hidden(rest, last);
+        if rest[question..].contains(&b'@') && first_pass_value(rest).is_some() {
+            return hidden(rest, value);
         }
     }
     if socket {
         // A socket URL gives its password in its query.
-        mask_socket_user_info(&mask_query(rest, last))
+        mask_socket_user_info(&mask_query(rest, value))
+    } else if rest.contains(&b'@') {
+        mask_query(&mask_user_info(rest), value)
     } else {
-        mask_query(&mask_user_info_or_cut(rest), last)
+        mask_query(&mask_hostless_user_info(rest, value), value)
     }
 }
 
-/// `***` in place of a value, and what follows it: of the last URL, what follows the last
-/// quote (the one that closes the value, when it is quoted); of one another URL follows, the
-/// separator before that one (a quote there may be in the password).
-fn hidden(value: &[u8], last: bool) -> Vec<u8> {
-    let kept = if last {
+/// `***` in place of a value, and what follows it. After the last URL, that is what follows
+/// the last of the quotes that opened the value (its closing one; nothing of a bare value).
+/// Before another URL, it is from the last comma, or the closing quote, before that one.
+fn hidden(value: &[u8], at: Value) -> Vec<u8> {
+    let closes = |b: &u8| at.closer == Some(*b);
+    let kept = if at.last {
+        match value.iter().rposition(closes) {
+            // A dollar quote's tag: `$tag$`.
+            Some(end) if at.closer == Some(b'$') => {
+                let tag = value[..end]
+                    .iter()
+                    .rev()
+                    .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+                    .count();
+                match value[..end - tag].last() {
+                    Some(b'$') => end - tag - 1,
+                    _ => end,
+                }
+            }
+            Some(end) => end,
+            None => value.len(),
+        }
+    } else {
         value
             .iter()
-            .rposition(|&b| b == b'\'' || b == b'"')
+            .rposition(|b| *b == b',')
+            .or_else(|| value.iter().rposition(closes))
             .unwrap_or(value.len())
-    } else {
-        value.len()
-            - value
-                .iter()
-                .rev()
-                .take_while(|&&b| b == b',' || b.is_ascii_whitespace())
-                .count()
     };
     [&b"***"[..], &value[kept..]].concat()
+}
+
+/// Where the value of the first `pass` key of a query starts; any `?` may start the query, as
+/// one in a password may come before it.
+fn first_pass_value(rest: &[u8]) -> Option<usize> {
+    rest.iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b'?')
+        .find_map(|(question, _)| pass_values(&rest[question + 1..]).next())
+        .map(|value| rest.len() - value.len())
 }
 
 /// The values of a query's `pass` keys, each to the end of the text.
@@ -122,18 +165,21 @@ fn pass_values(query: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
-/// Where a URL starts (its scheme), where the scheme's name ends, and where what follows
-/// `scheme://` starts.
+/// Where a URL starts (its scheme), where the scheme's name ends, where what follows
+/// `scheme://` starts, and what closes its value.
 struct UrlStart {
     scheme: usize,
     name_end: usize,
     rest: usize,
+    closer: Option<u8>,
 }
 
-/// The URLs' starts: a scheme followed by `://`, or a Redis scheme followed by `:` or `/`,
-/// where a value may start (so that `redis://unix:secret@host` is one URL, not two).
+/// The URLs: a scheme followed by `://`, or a Redis scheme followed by `:` or `/`, where a value
+/// may start (so that `redis://unix:secret@host` is one URL, not two). A URL after the first
+/// starts only after a comma or the previous value's closing quote: what looks like one inside
+/// a password (`pass=ab://cd`) is the password's.
 fn url_starts(text: &[u8]) -> Vec<UrlStart> {
-    let mut starts = Vec::new();
+    let mut starts: Vec<UrlStart> = Vec::new();
     let mut at = 0;
     while at < text.len() {
         let b = text[at];
@@ -143,7 +189,8 @@ fn url_starts(text: &[u8]) -> Vec<UrlStart> {
         }
         let scheme = scheme_start(text, at);
         let name = &text[scheme..at];
-        let may_start = scheme == 0 || is_value_start(text[scheme - 1]);
+        let before = scheme.checked_sub(1).map(|i| text[i]);
+        let may_start = before.is_none_or(is_value_start);
         let rest = if !may_start || name.is_empty() {
             None
         } else if text[at..].starts_with(b"://") {
@@ -162,10 +209,25 @@ fn url_starts(text: &[u8]) -> Vec<UrlStart> {
             at += 1;
             continue;
         };
+        let opener = before.filter(|b| matches!(b, b'\'' | b'"' | b'$'));
+        let closer = match starts.last() {
+            None => opener,
+            Some(previous) => {
+                let between = &text[previous.rest..scheme];
+                let closed = previous.closer.is_some_and(|c| between.contains(&c));
+                if !closed && !between.contains(&b',') {
+                    at += 1;
+                    continue;
+                }
+                // An item of a list keeps the quotes of the list.
+                opener.or(if closed { None } else { previous.closer })
+            }
+        };
         starts.push(UrlStart {
             scheme,
             name_end: at,
             rest,
+            closer,
         });
         at = rest;
     }
@@ -188,43 +250,41 @@ fn scheme_start(text: &[u8], end: usize) -> usize {
     end - text[..end].iter().rev().take_while(|b| scheme(b)).count()
 }
 
-/// User information masked. Without an `@`, a value cut short (`...`, as PostgreSQL shortens
-/// long parameters) is masked up to the cut, which may be inside a password; and a refused
-/// value whose `user:password` lacks its `@host` has what follows the `:` masked, unless that
-/// is a port.
-fn mask_user_info_or_cut(rest: &[u8]) -> Vec<u8> {
-    if rest.contains(&b'@') {
-        return mask_user_info(rest);
+/// A refused value whose `user:password` lacks its `@host`: what follows the first `:` is
+/// hidden to the value's end, unless it is a port (digits, then the end of the host).
+fn mask_hostless_user_info(rest: &[u8], value: Value) -> Vec<u8> {
+    if rest.starts_with(b"[") {
+        return rest.to_vec();
     }
-    if let Some(cut) = rest.windows(3).position(|w| w == b"...").filter(|&c| c > 0) {
-        return [&b"***"[..], &rest[cut..]].concat();
-    }
-    let authority = rest
+    let word = rest
         .iter()
-        .position(|&b| {
-            matches!(b, b'/' | b'?' | b'#' | b',' | b'\'' | b'"') || b.is_ascii_whitespace()
-        })
+        .position(|&b| matches!(b, b'\'' | b'"' | b'$' | b',') || b.is_ascii_whitespace())
         .unwrap_or(rest.len());
-    let colon = rest[..authority].iter().position(|&b| b == b':');
-    match colon {
-        Some(colon)
-            if !rest.starts_with(b"[")
-                && !rest[colon + 1..authority].iter().all(u8::is_ascii_digit) =>
-        {
-            [&rest[..colon], b":***", &rest[authority..]].concat()
-        }
-        _ => rest.to_vec(),
+    let Some(colon) = rest[..word].iter().position(|&b| b == b':') else {
+        return rest.to_vec();
+    };
+    let digits = rest[colon + 1..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    let port_ends = digits <= 5
+        && rest.get(colon + 1 + digits).is_none_or(|&b| {
+            matches!(
+                b,
+                b'/' | b'?' | b'#' | b',' | b'\'' | b'"' | b'$' | b')' | b';' | b'.'
+            ) || b.is_ascii_whitespace()
+        });
+    if digits > 0 && port_ends {
+        return rest.to_vec();
     }
+    [&rest[..=colon], &hidden(&rest[colon + 1..], value)].concat()
 }
 
 /// The query's `pass` value masked. It runs past `&`, `#` and white space, which a password
-/// may hold (`hidden`).
-fn mask_query(rest: &[u8], last: bool) -> Vec<u8> {
-    let Some(question) = rest.iter().position(|&b| b == b'?') else {
-        return rest.to_vec();
-    };
-    match pass_values(&rest[question + 1..]).next() {
-        Some(value) => [&rest[..rest.len() - value.len()], &hidden(value, last)].concat(),
+/// may hold, to the value's end (`hidden`).
+fn mask_query(rest: &[u8], value: Value) -> Vec<u8> {
+    match first_pass_value(rest) {
+        Some(at) => [&rest[..at], &hidden(&rest[at..], value)].concat(),
         None => rest.to_vec(),
     }
 }
@@ -243,7 +303,11 @@ fn mask_words(text: &[u8]) -> Vec<u8> {
             .count();
         let (lead, word) = word.split_at(quotes);
         out.extend_from_slice(lead);
-        out.extend(mask_query(&mask_user_info(word), true));
+        let bare = Value {
+            closer: None,
+            last: true,
+        };
+        out.extend(mask_query(&mask_user_info(word), bare));
     }
     out
 }
@@ -291,6 +355,19 @@ mod tests {
         assert_eq!(
             masked("parameters: $1 = 'unix:///s?pass=a@s3cret', $2 = 'x'").as_deref(),
             Some("parameters: $1 = 'unix://***'")
+        );
+    }
+
+    #[test]
+    fn keeps_what_closes_a_value() {
+        assert_eq!(
+            masked("ALTER SYSTEM SET outbox.redis_url = $$unix:///r.sock?pass=ab's3cret$$")
+                .as_deref(),
+            Some("ALTER SYSTEM SET outbox.redis_url = $$unix:///r.sock?pass=***$$")
+        );
+        assert_eq!(
+            masked("SET outbox.redis_url = $t$redis://default:pa s3cret$t$; SELECT 1").as_deref(),
+            Some("SET outbox.redis_url = $t$redis://default:***$t$; SELECT 1")
         );
     }
 
@@ -346,9 +423,31 @@ mod tests {
             "SET outbox.redis_url = E'unix:///s?pa\tss=s3cret'",
             // Dollar-quoted, under a mistyped name.
             "SET outbox.redis_uri = $$redis://:s3cret@h$$",
+            // A quote in a password of a value quoted otherwise, or not at all.
+            "ALTER SYSTEM SET outbox.redis_url = $$unix:///r.sock?pass=ab's3cret$$",
+            "ALTER SYSTEM SET outbox.redis_url = $x$redis://u:p@h?pass=a\"b@s3cret$x$",
+            "NOTICE: unix:///s?pass=ab's3cret",
+            // What looks like a URL inside a password.
+            "SET outbox.redis_url = 'unix:///run/redis.sock?pass=ab://s3cret'",
+            "SET outbox.redis_url = 'unix:///s?pass=ab x://s3cret'",
+            "SET outbox.redis_url = 'unix:///s?pass=ab=x://s3cret'",
+            "SET outbox.redis_url = 'unix:///s?pass=ab;unix:s3cret'",
+            "SET outbox.redis_url = 'redis://:my s3cret://x@h'",
+            // A socket URL's user information with a '?' and a host; a query after it.
+            "SET outbox.redis_url = 'unix://:s3?cret@localhost/run/redis.sock'",
+            "SET outbox.redis_url = 'unix://:a?b@localhost/s?pass=s3cret'",
+            // No host after the password, which holds what ends a host, or digits.
+            "SET outbox.redis_url = 'redis://default:kX9/s3cret+Q'",
+            "SET outbox.redis_url = 'redis://default:pa#s3cret'",
+            "SET outbox.redis_url = 'redis://default:pa s3cret'",
+            "SET outbox.redis_url = 'redis://default:123456789'",
+            // Cut short by log_parameter_max_length.
+            "parameters: $1 = 'unix://:s3cr...'",
+            "parameters: $1 = 'redis://:ab@s3cr...'",
         ] {
             let masked = masked(text).unwrap_or_else(|| panic!("{text}: unchanged"));
-            assert!(!masked.contains("s3cret"), "{text}: {masked}");
+            // "cret": a password may be written "s3?cret".
+            assert!(!masked.contains("cret"), "{text}: {masked}");
             assert!(masked.contains("***"), "{text}: {masked}");
         }
         assert_eq!(
@@ -371,6 +470,8 @@ mod tests {
             "SET outbox.redis_url = 'redis://127.0.0.1:6379/0'",
             "SET outbox.redis_url = 'redis://[::1]:6379'",
             "SET outbox.redis_url = 'redis://h:1,redis://h:2'",
+            "ALTER SYSTEM SET outbox.redis_url = $$redis://h:6379$$",
+            "SELECT 'redis://h:6379'; -- and redis://h:6379. (redis://h:6379)",
         ] {
             assert_eq!(masked(text), None, "{text}");
         }
@@ -383,6 +484,8 @@ mod tests {
             "SET outbox.redis_url = 'unix:///s?db=1&pass=a&s3cret#x'",
             "SET outbox.redis_url = 'unix://:s3cret@/run/r.sock'",
             "SET outbox.redis_url = 'redis://u:p@h?pass=a@s3cret'",
+            "ALTER SYSTEM SET outbox.redis_url = $$unix:///r.sock?pass=ab's3cret$$",
+            "SET outbox.redis_url = 'redis://default:kX9/s3cret+Q'",
         ] {
             let once = masked(text).expect(text);
             assert_eq!(masked(&once), None, "{once}");
