@@ -13,11 +13,26 @@
 
 use crate::redis_url::{mask_socket_user_info, mask_user_info, percent_decoded};
 
-/// Whether the text names the setting (`outbox.redis_url`, in any case or quoting).
+/// Whether the text names the setting (`outbox.redis_url`, in any case or quoting; a column
+/// named `redis_url` is not it).
 pub fn names_setting(text: &[u8]) -> bool {
     const SETTING: &[u8] = b"redis_url";
+    const PREFIX: &[u8] = b"outbox";
     text.windows(SETTING.len())
-        .any(|w| w.eq_ignore_ascii_case(SETTING))
+        .enumerate()
+        .filter(|(_, w)| w.eq_ignore_ascii_case(SETTING))
+        .any(|(at, _)| {
+            let quoting = text[..at]
+                .iter()
+                .rev()
+                .take(3)
+                .take_while(|&&b| b == b'.' || b == b'"')
+                .count();
+            let before = &text[..at - quoting];
+            quoting > 0
+                && before.len() >= PREFIX.len()
+                && before[before.len() - PREFIX.len()..].eq_ignore_ascii_case(PREFIX)
+        })
 }
 
 /// Whether the text holds a URL of a Redis scheme followed by `/`, as a value given under a
@@ -79,11 +94,12 @@ struct Value {
 /// password; an `@` after the query's start with a password in the query leaves no telling
 /// which `@` ends which password, and all of it is hidden.
 fn mask_url(rest: &[u8], socket: bool, value: Value) -> Vec<u8> {
-    if let Some(cut) = rest
-        .windows(3)
-        .rposition(|w| w == b"...")
-        .filter(|&c| c > 0)
-    {
+    // PostgreSQL's cut: `...` and the closing quote (a quote in the value is doubled).
+    let cut = rest
+        .windows(4)
+        .position(|w| w == b"...'")
+        .filter(|&c| rest.get(c + 4) != Some(&b'\''));
+    if let Some(cut) = cut {
         return [&b"***"[..], &rest[cut..]].concat();
     }
     if let Some(question) = rest.iter().position(|&b| b == b'?') {
@@ -133,36 +149,31 @@ fn hidden(value: &[u8], at: Value) -> Vec<u8> {
     [&b"***"[..], &value[kept..]].concat()
 }
 
-/// Where the value of the first `pass` key of a query starts; any `?` may start the query, as
-/// one in a password may come before it.
+/// Where the value of the first `pass` key starts: a key after any `?` (one in a password may
+/// come before the query's) or after an `&` that follows one. One pass over the text.
 fn first_pass_value(rest: &[u8]) -> Option<usize> {
-    rest.iter()
-        .enumerate()
-        .filter(|(_, &b)| b == b'?')
-        .find_map(|(question, _)| pass_values(&rest[question + 1..]).next())
-        .map(|value| rest.len() - value.len())
-}
-
-/// The values of a query's `pass` keys, each to the end of the text.
-fn pass_values(query: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut pair = 0;
-    std::iter::from_fn(move || {
-        while pair < query.len() {
-            let start = pair;
-            let end = query[start..]
-                .iter()
-                .position(|&b| b == b'&')
-                .map_or(query.len(), |p| start + p);
-            pair = end + 1;
-            let Some(equals) = query[start..end].iter().position(|&b| b == b'=') else {
-                continue;
-            };
-            if percent_decoded(&query[start..start + equals]) == "pass" {
-                return Some(&query[start + equals + 1..]);
+    // `pass` percent-encoded whole is 12 bytes; a longer key is another.
+    const LONGEST: usize = 12;
+    let mut in_query = false;
+    let mut key = None;
+    for (at, &b) in rest.iter().enumerate() {
+        match b {
+            b'?' => {
+                in_query = true;
+                key = Some(at + 1);
             }
+            b'&' if in_query => key = Some(at + 1),
+            b'=' => {
+                if let Some(start) = key.take() {
+                    if at - start <= LONGEST && percent_decoded(&rest[start..at]) == "pass" {
+                        return Some(at + 1);
+                    }
+                }
+            }
+            _ => {}
         }
-        None
-    })
+    }
+    None
 }
 
 /// Where a URL starts (its scheme), where the scheme's name ends, where what follows
@@ -180,6 +191,8 @@ struct UrlStart {
 /// a password (`pass=ab://cd`) is the password's.
 fn url_starts(text: &[u8]) -> Vec<UrlStart> {
     let mut starts: Vec<UrlStart> = Vec::new();
+    // What the text since the last URL's start holds: a comma, the quote that closes its value.
+    let mut since = Since::default();
     let mut at = 0;
     while at < text.len() {
         let b = text[at];
@@ -213,15 +226,18 @@ fn url_starts(text: &[u8]) -> Vec<UrlStart> {
         let closer = match starts.last() {
             None => opener,
             Some(previous) => {
-                let between = &text[previous.rest..scheme];
-                let closed = previous.closer.is_some_and(|c| between.contains(&c));
-                if !closed && !between.contains(&b',') {
+                since.read(text, previous.closer, scheme);
+                if !since.closed && !since.comma {
                     at += 1;
                     continue;
                 }
                 // An item of a list keeps the quotes of the list.
-                opener.or(if closed { None } else { previous.closer })
+                opener.or(if since.closed { None } else { previous.closer })
             }
+        };
+        since = Since {
+            read_to: rest,
+            ..Since::default()
         };
         starts.push(UrlStart {
             scheme,
@@ -232,6 +248,52 @@ fn url_starts(text: &[u8]) -> Vec<UrlStart> {
         at = rest;
     }
     starts
+}
+
+/// What the text read since a URL's start holds, read once however many candidates follow.
+#[derive(Default)]
+struct Since {
+    read_to: usize,
+    comma: bool,
+    closed: bool,
+}
+
+impl Since {
+    /// Reads on to `to`. A quote doubled or escaped (`''`, `\'`) is the value's, as is a `$`
+    /// that does not make a dollar quote's `$tag$`.
+    fn read(&mut self, text: &[u8], closer: Option<u8>, to: usize) {
+        let mut at = self.read_to;
+        while at < to {
+            let b = text[at];
+            if b == b',' {
+                self.comma = true;
+            }
+            if Some(b) == closer {
+                if b == b'$' {
+                    let tag = text[at + 1..to]
+                        .iter()
+                        .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
+                        .count();
+                    if text[at + 1 + tag..to].first() == Some(&b'$') {
+                        self.closed = true;
+                        at += tag + 2;
+                        continue;
+                    }
+                    at += 1 + tag;
+                    continue;
+                }
+                if text[at + 1..to].first() == Some(&b) {
+                    at += 2;
+                    continue;
+                }
+                if at == 0 || text[at - 1] != b'\\' {
+                    self.closed = true;
+                }
+            }
+            at += 1;
+        }
+        self.read_to = self.read_to.max(at);
+    }
 }
 
 /// Whether a value may start after this byte: white space, a quote, a bracket, or what
@@ -444,6 +506,14 @@ mod tests {
             // Cut short by log_parameter_max_length.
             "parameters: $1 = 'unix://:s3cr...'",
             "parameters: $1 = 'redis://:ab@s3cr...'",
+            // Not cut: a password with `...` in it.
+            "ALTER SYSTEM SET outbox.redis_url = 'redis://:my...s3cret@h:6379'",
+            "changed to \"unix:///run/redis.sock?pass=wait...s3cret\"",
+            "Parameters: $1 = 'unix:///s?pass=...s3cret'",
+            "SET outbox.redis_url = 'redis://:a...s3cret@h1:6379,redis://:a...s3cret@h2:6379'",
+            // A quote doubled, or a lone `$`, before what looks like a scheme.
+            "SET outbox.redis_url = 'unix:///s?pass=a''b://s3cret'",
+            "ALTER SYSTEM SET outbox.redis_url = $$unix:///s?pass=a$b://s3cret$$",
         ] {
             let masked = masked(text).unwrap_or_else(|| panic!("{text}: unchanged"));
             // "cret": a password may be written "s3?cret".
@@ -510,9 +580,23 @@ mod tests {
     }
 
     #[test]
+    fn reads_a_long_value_once() {
+        // Read again from every `?` or candidate scheme, these would take minutes.
+        let queries = format!("SET x.y = 'redis://h/{}'", "?a=b&".repeat(200_000));
+        assert_eq!(mask_urls(queries.as_bytes()), None);
+        let schemes = format!("SET x.y = 'redis://h {}'", "a:// ".repeat(200_000));
+        assert_eq!(mask_urls(schemes.as_bytes()), None);
+    }
+
+    #[test]
     fn names_the_setting_in_any_case() {
         assert!(names_setting(b"ALTER SYSTEM SET OUTBOX.REDIS_URL = ''"));
         assert!(names_setting(b"parameter \"outbox.redis_url\" changed"));
+        assert!(names_setting(b"SET \"outbox\".\"redis_url\" = ''"));
         assert!(!names_setting(b"parameter \"outbox.batch_size\" changed"));
+        // An application's column.
+        assert!(!names_setting(
+            b"SELECT redis_url FROM tenants WHERE owner_email = 'bob@example.com'"
+        ));
     }
 }
