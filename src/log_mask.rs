@@ -17,7 +17,7 @@ use std::sync::{Mutex, OnceLock};
 
 use pgrx::pg_sys;
 
-use crate::url_in_text::{has_redis_url, mask_urls, names_setting};
+use crate::url_in_text::{concerns_redis_url, mask_urls};
 
 static PREVIOUS: OnceLock<pg_sys::emit_log_hook_type> = OnceLock::new();
 
@@ -109,12 +109,11 @@ unsafe fn mask(edata: &mut pg_sys::ErrorData) {
     ];
     // Whether to mask is decided once for the report: a value may be in one part (the
     // parameters of a prepared statement, its DETAIL) and the name in another.
-    let concerned = |text: &[u8]| names_setting(text) || has_redis_url(text);
     // SAFETY: each is null or a NUL-terminated string.
     let concerned = fields
         .iter()
-        .any(|f| unsafe { bytes(**f) }.is_some_and(concerned))
-        || unsafe { bytes(statement) }.is_some_and(concerned);
+        .any(|f| unsafe { bytes(**f) }.is_some_and(concerns_redis_url))
+        || unsafe { bytes(statement) }.is_some_and(concerns_redis_url);
     if !concerned {
         return;
     }
@@ -200,13 +199,13 @@ pub unsafe fn mask_activity(query_string: *const c_char, top_level: bool) {
     let Some(text) = (unsafe { bytes(query_string) }) else {
         return;
     };
-    if !names_setting(text) && !has_redis_url(text) {
+    if !concerns_redis_url(text) {
         return;
     }
     if let Some(masked) = mask_urls(text).and_then(|m| CString::new(m).ok()) {
         // SAFETY: the text is copied into the backend's shared-memory entry. Reporting it
-        // clears the statement's query id, which is left so: a utility statement's id is a
-        // hash of its text, password included.
+        // clears the statement's query id, which is left so: a utility statement's id is
+        // computed from its text or its constants, password included.
         unsafe {
             pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, masked.as_ptr())
         };

@@ -79,10 +79,7 @@ fn mask_one(url: &str) -> String {
     let (space, url) = url.split_at(lead);
     // The scheme as the URL parser reads it: up to the first ':'. Without one nothing tells a
     // password from a host: shown as nothing of it.
-    let scheme_len = url
-        .bytes()
-        .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
-        .count();
+    let scheme_len = url.bytes().take_while(|&b| is_scheme_byte(b)).count();
     let (scheme, after) = url.split_at(scheme_len);
     let Some(after) = after.strip_prefix(':').filter(|_| scheme_len > 0) else {
         return format!("{space}(not a URL)");
@@ -92,7 +89,7 @@ fn mask_one(url: &str) -> String {
         None => (":", after),
     };
     // A socket URL (`unix:///run/r.sock`, `unix:/run/r.sock`) gives its password in its query.
-    if scheme.to_ascii_lowercase().ends_with("unix") {
+    if is_socket_scheme(scheme.as_bytes()) {
         let rest = mask_query(rest.as_bytes());
         return format!(
             "{space}{scheme}{separator}{}",
@@ -105,6 +102,17 @@ fn mask_one(url: &str) -> String {
     // Up to the last '@': a password written with '/', '?' or '#' unescaped is masked whole.
     let rest = mask_user_info(rest.as_bytes());
     format!("{space}{scheme}://{}", text(mask_query(&rest)))
+}
+
+/// Whether a byte may be part of a URL's scheme: letters, digits, `+`, `-` and `.`.
+pub(crate) fn is_scheme_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')
+}
+
+/// Whether a scheme names a socket (`unix`, `redis+unix`, in any case).
+pub(crate) fn is_socket_scheme(scheme: &[u8]) -> bool {
+    const UNIX: &[u8] = b"unix";
+    scheme.len() >= UNIX.len() && scheme[scheme.len() - UNIX.len()..].eq_ignore_ascii_case(UNIX)
 }
 
 /// The part of a URL after `://` with what precedes its last `@` masked, a user name kept.

@@ -11,11 +11,19 @@
 //! or to the end of the text. The extension's own lines, masked as they are written
 //! (`redis_url::mask`), are left alone (`log_mask.rs`).
 
-use crate::redis_url::{mask_socket_user_info, mask_user_info, percent_decoded};
+use crate::redis_url::{
+    is_scheme_byte, is_socket_scheme, mask_socket_user_info, mask_user_info, percent_decoded,
+};
+
+/// Whether a report or statement concerns the Redis URL: it names the setting, or holds a URL
+/// of a Redis scheme (as a value given under a mistyped or cut name would).
+pub fn concerns_redis_url(text: &[u8]) -> bool {
+    names_setting(text) || has_redis_url(text)
+}
 
 /// Whether the text names the setting (`outbox.redis_url`, in any case or quoting; a column
 /// named `redis_url` is not it).
-pub fn names_setting(text: &[u8]) -> bool {
+fn names_setting(text: &[u8]) -> bool {
     const SETTING: &[u8] = b"redis_url";
     const PREFIX: &[u8] = b"outbox";
     text.windows(SETTING.len())
@@ -35,9 +43,9 @@ pub fn names_setting(text: &[u8]) -> bool {
         })
 }
 
-/// Whether the text holds a URL of a Redis scheme followed by `/`, as a value given under a
-/// mistyped or cut name would (`redis:users:1`, a cache key, is no URL).
-pub fn has_redis_url(text: &[u8]) -> bool {
+/// Whether the text holds a URL of a Redis scheme followed by `/` (`redis:users:1`, a cache
+/// key, is no URL).
+fn has_redis_url(text: &[u8]) -> bool {
     url_starts(text).iter().any(|url| {
         is_redis_scheme(&text[url.scheme..url.name_end])
             && text[url.name_end..url.rest].contains(&b'/')
@@ -69,9 +77,7 @@ pub fn mask_urls(text: &[u8]) -> Option<Vec<u8>> {
         let end = urls.get(n + 1).map_or(text.len(), |next| next.scheme);
         out.extend_from_slice(&text[url.scheme..url.rest]);
         let rest = &text[url.rest..end];
-        let scheme = &text[url.scheme..url.name_end];
-        let socket =
-            starts_with_ignore_case(scheme, b"unix") || contains_ignore_case(scheme, b"+unix");
+        let socket = is_socket_scheme(&text[url.scheme..url.name_end]);
         let value = Value {
             closer: url.closer,
             last: n + 1 == urls.len(),
@@ -308,8 +314,11 @@ fn is_value_start(before: u8) -> bool {
 
 /// Where the scheme that ends at `end` starts: the letters, digits, `+`, `-` and `.` before it.
 fn scheme_start(text: &[u8], end: usize) -> usize {
-    let scheme = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.');
-    end - text[..end].iter().rev().take_while(|b| scheme(b)).count()
+    end - text[..end]
+        .iter()
+        .rev()
+        .take_while(|&&b| is_scheme_byte(b))
+        .count()
 }
 
 /// A refused value whose `user:password` lacks its `@host`: what follows the first `:` is
@@ -372,15 +381,6 @@ fn mask_words(text: &[u8]) -> Vec<u8> {
         out.extend(mask_query(&mask_user_info(word), bare));
     }
     out
-}
-
-fn starts_with_ignore_case(text: &[u8], prefix: &[u8]) -> bool {
-    text.len() >= prefix.len() && text[..prefix.len()].eq_ignore_ascii_case(prefix)
-}
-
-fn contains_ignore_case(text: &[u8], needle: &[u8]) -> bool {
-    text.windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 #[cfg(test)]
