@@ -51,11 +51,17 @@ fn pair_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter().zip(b).map(|(a, b)| a / b).collect()
 }
 
+/// [`pair_ratios`], lowest first.
+fn sorted_pair_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    let mut ratios = pair_ratios(a, b);
+    ratios.sort_by(|x, y| x.total_cmp(y));
+    ratios
+}
+
 /// The median of the paired ratios with their interquartile range and count, as the ratio
 /// column shows a targeted write case.
 fn paired_ratio_spread(a: &[f64], b: &[f64]) -> String {
-    let mut ratios = pair_ratios(a, b);
-    ratios.sort_by(|x, y| x.total_cmp(y));
+    let ratios = sorted_pair_ratios(a, b);
     format!(
         "{:.3} (middle half of the pairs {:.3} to {:.3}; {} pairs)",
         median(ratios.clone()),
@@ -68,8 +74,7 @@ fn paired_ratio_spread(a: &[f64], b: &[f64]) -> String {
 /// The median of the paired ratios followed by every pair's, lowest first: for the relay cases,
 /// whose few pairs move by a tenth from one to the next on this machine.
 fn paired_ratio_each(a: &[f64], b: &[f64]) -> String {
-    let mut ratios = pair_ratios(a, b);
-    ratios.sort_by(|x, y| x.total_cmp(y));
+    let ratios = sorted_pair_ratios(a, b);
     let each: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
     format!(
         "{:.3} (the {} pairs: {})",
