@@ -615,3 +615,115 @@ fn the_extensions_own_table_takes_the_fast_path() {
         "the trigger does not count statements"
     );
 }
+
+/// The relation locks this session holds, as `relation:mode`, sorted.
+fn locks_held(client: &mut postgres::Transaction) -> Vec<String> {
+    client
+        .query(
+            "SELECT l.relation::regclass::text || ':' || l.mode FROM pg_locks l \
+             WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' \
+               AND l.relation <> 'pg_locks'::regclass ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// What an insert into the extension's own table prepares (the partition's check, its indexes'
+/// predicates and expressions) is prepared once per session, not on every call. Seen through
+/// the locks a call leaves: preparing the partition check opens `outbox` again under
+/// `AccessShareLock`, which an `INSERT` does not take; and indexes opened for one call by
+/// `ExecOpenIndices` are unlocked at once, while those whose state is kept stay locked, as the
+/// table does, until the transaction ends.
+#[test]
+fn an_enqueue_prepares_its_insert_once_per_session() {
+    let pg = server();
+    let mut client = pg.with_extension();
+    // The first call builds what the next ones use.
+    client
+        .batch_execute("SELECT outbox_enqueue('warm', '{}', 'k', '{\"a\": \"b\"}')")
+        .unwrap();
+    for (call, partition) in [
+        ("outbox_enqueue('t', '{}')", "outbox_00"),
+        (
+            "outbox_enqueue('t', '{}', 'k', '{\"a\": \"b\"}')",
+            "outbox_00",
+        ),
+    ] {
+        let mut tx = client.transaction().unwrap();
+        tx.batch_execute(&format!("SELECT {call}")).unwrap();
+        let held = locks_held(&mut tx);
+        let on = |relation: &str| -> Vec<&str> {
+            held.iter()
+                .filter_map(|l| l.strip_prefix(&format!("{relation}:")))
+                .collect()
+        };
+        assert_eq!(on("outbox"), ["RowExclusiveLock"], "{call}: {held:?}");
+        assert_eq!(on(partition), ["RowExclusiveLock"], "{call}: {held:?}");
+        for index in [
+            "outbox_00_pkey",
+            "outbox_00_id_lane_idx",
+            "outbox_00_next_attempt_at_idx",
+            "outbox_00_lane_left_id_idx",
+        ] {
+            assert_eq!(on(index), ["RowExclusiveLock"], "{call}: {held:?}");
+        }
+        tx.rollback().unwrap();
+    }
+}
+
+/// An index whose expression or predicate calls a function of the database's own (prepared for
+/// each call, as an `INSERT` prepares it for each statement; see `src/insert/kept.rs`) stays
+/// right when the function is replaced between two calls of one session: the next call runs
+/// the new function.
+#[test]
+fn an_index_on_a_function_of_the_database_follows_its_replacement() {
+    let pg = server();
+    let mut app = pg.with_extension();
+    let mut admin = pg.connect();
+    admin
+        .batch_execute(
+            "CREATE FUNCTION shout(t text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS \
+               $$BEGIN RETURN upper(t); END$$; \
+             CREATE INDEX by_shout ON outbox_00 (shout(topic)); \
+             CREATE UNIQUE INDEX one_per_quiet ON outbox_00 (topic) WHERE shout(topic) = 'QUIET'",
+        )
+        .unwrap();
+    app.batch_execute("SELECT outbox_enqueue('loud', '{}'), outbox_enqueue('quiet', '{}')")
+        .unwrap();
+    let error = app
+        .batch_execute("SELECT outbox_enqueue('quiet', '{}')")
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "23505");
+    // Replaced by another session (and its index rebuilt to match, as the owner must).
+    admin
+        .batch_execute(
+            "CREATE OR REPLACE FUNCTION shout(t text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS \
+               $$BEGIN RETURN upper(t) || '!'; END$$; \
+             REINDEX INDEX by_shout; REINDEX INDEX one_per_quiet",
+        )
+        .unwrap();
+    app.batch_execute("SELECT outbox_enqueue('quiet', '{}'), outbox_enqueue('later', '{}')")
+        .unwrap();
+    check_indexes(&mut admin);
+    admin
+        .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        .unwrap();
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM outbox WHERE shout(topic) = 'LATER!'"
+        ),
+        1,
+        "the index was given the replaced function's value"
+    );
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM outbox WHERE shout(topic) = 'QUIET!'"
+        ),
+        2
+    );
+}

@@ -1,12 +1,15 @@
 //! The table's indexes as an insert uses them, with each index's `IndexInfo` built once and kept
-//! (the partial index's predicate ready to evaluate), where `ExecOpenIndices` would rebuild them
-//! for every call.
+//! (its expressions and predicate ready to evaluate), where `ExecOpenIndices` would rebuild them
+//! for every call, and every statement would plan the expressions and predicates again.
 
 use pgrx::pg_sys;
 use pgrx::PgMemoryContexts;
 
-/// Each index of `rel` with its `IndexInfo` built in `context`, the predicate ready to evaluate;
-/// `None` if an index needs per-call state.
+use super::kept;
+
+/// Each index of `rel` with its `IndexInfo` built in `context`, its expressions and predicate
+/// ready to evaluate; `None` if an index needs per-call state: an index that is not a btree, an
+/// exclusion constraint, or an expression or predicate that `kept` leaves to each call.
 ///
 /// # Safety
 /// `rel` must be open; `context` must be a valid memory context.
@@ -33,14 +36,25 @@ pub unsafe fn build_indexes(
             let info = PgMemoryContexts::For(context).switch_to(|_| {
                 let info = pg_sys::BuildIndexInfo(index);
                 if (*(*index).rd_rel).relam != pg_sys::BTREE_AM_OID
-                    || !(*info).ii_Expressions.is_null()
                     || !(*info).ii_ExclusionOps.is_null()
                 {
                     return None;
                 }
+                // What FormIndexDatum and ExecInsertIndexTuples prepare on the first insert of
+                // every statement.
+                let expressions = (*info).ii_Expressions;
+                if !expressions.is_null() {
+                    let mut states: *mut pg_sys::List = std::ptr::null_mut();
+                    for i in 0..(*expressions).length as usize {
+                        let expression = (*(*expressions).elements.add(i)).ptr_value;
+                        let planned = kept::planned(expression.cast())?;
+                        let state = pg_sys::ExecInitExpr(planned.cast(), std::ptr::null_mut());
+                        states = pg_sys::lappend(states, state.cast());
+                    }
+                    (*info).ii_ExpressionsState = states;
+                }
                 if !(*info).ii_Predicate.is_null() {
-                    // What ExecPrepareQual does on the first insert of every statement.
-                    let qual = pg_sys::expression_planner((*info).ii_Predicate.cast());
+                    let qual = kept::planned((*info).ii_Predicate.cast())?;
                     (*info).ii_PredicateState =
                         pg_sys::ExecInitQual(qual.cast(), std::ptr::null_mut());
                 }

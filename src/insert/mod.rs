@@ -9,11 +9,14 @@
 //!
 //! Each call opens the table and its indexes under `RowExclusiveLock`, as an `INSERT` does. What
 //! does not change between calls is built once, in a memory context of its own: the table's and
-//! the sequence's OIDs, the columns' positions, and each index's `IndexInfo` with its predicate
-//! ready to evaluate. `ExecOpenIndices` rebuilt these on every call, and put the partial index's
-//! predicate through the planner each time. A relcache invalidation of the table, the sequence or
-//! an index (DDL, `ANALYZE`, `DROP EXTENSION`) makes the next call build them again, so they are
-//! exactly as fresh as the relcache entries they come from.
+//! the sequence's OIDs, the columns' positions, each index's `IndexInfo` with its expressions
+//! and predicate ready to evaluate, and each partition's constraint ready to check.
+//! `ExecOpenIndices` rebuilt the `IndexInfo`s on every call, and the expressions, predicates and
+//! partition constraint went through the planner each time: a quarter of the samples in a
+//! profile of a PL/pgSQL loop of keyed calls. Expressions are kept only where `kept.rs` allows.
+//! A relcache invalidation of the table, the sequence or an index (DDL, `ANALYZE`, `DROP
+//! EXTENSION`) makes the next call build them again, so they are exactly as fresh as the
+//! relcache entries they come from.
 //!
 //! The table is partitioned (a ring of partitions by runs of ids, see `ring.rs`). The fast path
 //! takes the id first and routes the row itself: the partition for the id is the one hash
@@ -34,7 +37,7 @@ use std::rc::Rc;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::PgBox;
+use pgrx::{PgBox, PgMemoryContexts};
 
 use crate::backend::{self, BackendLocal};
 use crate::compat;
@@ -42,6 +45,7 @@ use crate::ring::{self, LEAVES};
 
 mod delayed;
 mod indexes;
+mod kept;
 mod shape;
 mod statement;
 
@@ -51,6 +55,9 @@ extern "C-unwind" {
     /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
     /// pgrx binds no header that declares it, so calls go through `pg_guard_ffi_boundary`.
     fn nextval_internal(relid: pg_sys::Oid, check_permissions: bool) -> i64;
+    /// The partition constraint of `rel`, a copy in the current memory context (NIL for a
+    /// table that is not a partition). Not bound by pgrx either.
+    fn RelationGetPartitionQual(rel: pg_sys::Relation) -> *mut pg_sys::List;
 }
 
 /// The sequence's next value, as `nextval(sequence)` returns it.
@@ -112,6 +119,10 @@ struct Leaf {
     /// without an exclusion constraint: such indexes keep state that must not outlive a call,
     /// so `ExecOpenIndices` builds them per call.
     indexes: Option<Vec<(pg_sys::Oid, *mut pg_sys::IndexInfo)>>,
+    /// A partition's constraint ready to evaluate, which `ExecSimpleRelationInsert` checks and
+    /// would otherwise plan again on every call; null for a table that is not a partition, or a
+    /// constraint `kept` leaves to each call.
+    partition_check: *mut pg_sys::ExprState,
 }
 
 impl Leaf {
@@ -129,6 +140,7 @@ impl Leaf {
                     (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes())
                 })),
                 indexes: indexes::build_indexes(rel, context),
+                partition_check: partition_check(rel, context),
             }
         }
     }
@@ -140,6 +152,33 @@ impl Leaf {
                 .iter()
                 .flatten()
                 .any(|(index, _)| *index == relid)
+    }
+}
+
+/// The partition constraint of `rel` prepared in `context`, as `ExecPartitionCheck` prepares it
+/// for each statement; null if `rel` is not a partition or the constraint is not to be kept.
+///
+/// # Safety
+/// `rel` must be open; `context` must outlive the result.
+unsafe fn partition_check(
+    rel: pg_sys::Relation,
+    context: pg_sys::MemoryContext,
+) -> *mut pg_sys::ExprState {
+    // SAFETY: relcache reads of an open relation; allocations in `context`; an ERROR becomes a
+    // Rust panic at the boundary.
+    unsafe {
+        if !(*(*rel).rd_rel).relispartition {
+            return std::ptr::null_mut();
+        }
+        PgMemoryContexts::For(context).switch_to(|_| {
+            let qual = pg_sys::ffi::pg_guard_ffi_boundary(|| RelationGetPartitionQual(rel));
+            match kept::planned(qual.cast()) {
+                Some(qual) if !qual.is_null() => {
+                    pg_sys::ExecInitCheck(qual.cast(), std::ptr::null_mut())
+                }
+                _ => std::ptr::null_mut(),
+            }
+        })
     }
 }
 
@@ -324,6 +363,9 @@ pub unsafe fn insert_event(
             Some(cached) => indexes::open_indexes(result_rel, cached),
             None => pg_sys::ExecOpenIndices(result_rel, false),
         }
+        if !leaf.partition_check.is_null() {
+            (*result_rel).ri_PartitionCheckExpr = leaf.partition_check;
+        }
         pg_sys::ExecSimpleRelationInsert(result_rel, estate, slot);
         indexes::close_indexes(result_rel, leaf.indexes.is_some());
         pg_sys::AfterTriggerEndQuery(estate);
@@ -407,6 +449,7 @@ unsafe fn open(schema: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> (Rc<Target>, 
                 oid: table,
                 columns: Columns::default(),
                 indexes: None,
+                partition_check: std::ptr::null_mut(),
             }),
             context,
         };
