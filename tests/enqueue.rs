@@ -727,3 +727,72 @@ fn an_index_on_a_function_of_the_database_follows_its_replacement() {
         2
     );
 }
+
+/// An index a database owner may put on a partition whose predicate reads the whole row: its
+/// first evaluation caches the row's descriptor in memory that lives as long as the call, so
+/// such an index is prepared per call (`ExecOpenIndices`, which unlocks the indexes at the end
+/// of the call, where kept ones stay locked until the transaction ends), and every call of a
+/// session, not only its first, inserts as `INSERT` does.
+#[test]
+fn an_index_reading_the_whole_row_works_on_every_call() {
+    let pg = server();
+    let mut app = pg.with_extension();
+    let mut admin = pg.connect();
+    admin
+        .batch_execute(
+            "CREATE UNIQUE INDEX whole_rows ON outbox_00 (topic) \
+               WHERE outbox_00 IS NOT NULL OR topic LIKE 'whole.%'",
+        )
+        .unwrap();
+    for n in 0..5 {
+        app.batch_execute(&format!("SELECT outbox_enqueue('whole.{n}', '{{}}')"))
+            .unwrap();
+        let error = app
+            .batch_execute(&format!("SELECT outbox_enqueue('whole.{n}', '{{}}')"))
+            .unwrap_err();
+        assert_eq!(sqlstate(&error), "23505", "call {n}: {error}");
+    }
+    check_indexes(&mut admin);
+    let mut tx = app.transaction().unwrap();
+    tx.batch_execute("SELECT outbox_enqueue('whole.last', '{}')")
+        .unwrap();
+    let held = locks_held(&mut tx);
+    assert!(
+        !held.iter().any(|l| l.starts_with("whole_rows:")),
+        "the whole-row index was kept prepared: {held:?}"
+    );
+    tx.rollback().unwrap();
+}
+
+/// A call that fails in an index (a unique violation on an expression) leaves what the session
+/// keeps for its inserts usable: the next calls insert and index as before.
+#[test]
+fn a_call_that_fails_in_an_index_leaves_the_next_ones_working() {
+    let pg = server();
+    let mut app = pg.with_extension();
+    let mut admin = pg.connect();
+    admin
+        .batch_execute("CREATE UNIQUE INDEX one_per_lower ON outbox_00 (lower(topic))")
+        .unwrap();
+    app.batch_execute("SELECT outbox_enqueue('Same', '{}')")
+        .unwrap();
+    for _ in 0..3 {
+        let error = app
+            .batch_execute("SELECT outbox_enqueue('SAME', '{}')")
+            .unwrap_err();
+        assert_eq!(sqlstate(&error), "23505");
+    }
+    app.batch_execute("SELECT outbox_enqueue('other', '{}'), outbox_enqueue('Third', '{}')")
+        .unwrap();
+    check_indexes(&mut admin);
+    admin
+        .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        .unwrap();
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM outbox_00 WHERE lower(topic) IN ('same', 'other', 'third')"
+        ),
+        3
+    );
+}

@@ -5,7 +5,15 @@
 //! cached state (`fn_extra`) outlives the statement, which PostgreSQL's own functions allow
 //! (the relcache and the type cache keep theirs for the backend's life) but a function of the
 //! database's, or one written in SQL, need not: such an expression is prepared per call, as
-//! `INSERT` does. So is one with a node this module does not know to be plain evaluation.
+//! `INSERT` does. So is one with a node this module does not know to be plain evaluation, and
+//! one that reads a whole row: its first evaluation caches the row's descriptor in the call's
+//! memory, which is gone by the next call.
+//!
+//! Built-in functions may still call other code through the caches PostgreSQL keeps for the
+//! backend's life, as it does itself: the partition check's `satisfies_hash_partition` calls the
+//! partition key's hash function (the extension's own `_outbox_id_hash_extended`), as tuple
+//! routing does through the relcache's copy, and comparisons of a user-defined type reach its
+//! functions through the type cache.
 
 use std::ffi::c_void;
 
@@ -39,8 +47,18 @@ unsafe extern "C-unwind" fn refuses(node: *mut pg_sys::Node, _context: *mut c_vo
     // SAFETY: `node` is a node of the tree being walked; both calls walk it as the planner does.
     unsafe {
         match (*node).type_ {
-            T_List | T_Var | T_Const | T_FuncExpr | T_OpExpr | T_BoolExpr | T_NullTest
-            | T_BooleanTest | T_CoalesceExpr | T_RelabelType => {}
+            T_List | T_Const | T_FuncExpr | T_OpExpr | T_BoolExpr | T_BooleanTest
+            | T_CoalesceExpr | T_RelabelType => {}
+            // A column of the row itself; not the whole row (attribute 0), whose evaluation
+            // keeps its descriptor in the call's memory, nor a system column.
+            T_Var => {
+                let var = node.cast::<pg_sys::Var>();
+                if (*var).varattno <= 0 || (*var).varlevelsup != 0 {
+                    return true;
+                }
+            }
+            // A row's test also keeps a descriptor between evaluations.
+            T_NullTest if !(*node.cast::<pg_sys::NullTest>()).argisrow => {}
             _ => return true,
         }
         pg_sys::check_functions_in_node(node, Some(not_built_in), std::ptr::null_mut())

@@ -115,9 +115,10 @@ impl Columns {
 struct Leaf {
     oid: pg_sys::Oid,
     columns: Columns,
-    /// Each index with its `IndexInfo`, or `None` when an index is not a btree on plain columns
-    /// without an exclusion constraint: such indexes keep state that must not outlive a call,
-    /// so `ExecOpenIndices` builds them per call.
+    /// Each index with its `IndexInfo`, or `None` when an index is not a btree, has an
+    /// exclusion constraint, or has an expression or predicate that `kept.rs` leaves to each
+    /// call: such indexes keep state that must not outlive a call, so `ExecOpenIndices` builds
+    /// them per call.
     indexes: Option<Vec<(pg_sys::Oid, *mut pg_sys::IndexInfo)>>,
     /// A partition's constraint ready to evaluate, which `ExecSimpleRelationInsert` checks and
     /// would otherwise plan again on every call; null for a table that is not a partition, or a
