@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -179,21 +179,42 @@ fn run_pgbench(pg: &Pg, script: &str, clients: u32, options: &[&str]) -> f64 {
     run_pgbench_counted(pg, script, clients, options).0
 }
 
-/// [`run_pgbench`], also returning the number of transactions it ran.
-fn run_pgbench_counted(pg: &Pg, script: &str, clients: u32, options: &[&str]) -> (f64, u64) {
-    let path = std::env::temp_dir().join(format!("outbox-bench-{}.sql", std::process::id()));
-    std::fs::write(&path, script).unwrap();
-    let out = Command::new(bindir().join("pgbench"))
+/// Runs pgbench with `clients` clients and threads, prepared statements and `options` on the
+/// given scripts, each written to a file of its own; with several, every transaction is drawn
+/// from them at random with equal weights.
+fn pgbench_output(pg: &Pg, scripts: &[&str], clients: u32, options: &[&str]) -> Output {
+    let paths: Vec<std::path::PathBuf> = scripts
+        .iter()
+        .enumerate()
+        .map(|(n, script)| {
+            let path =
+                std::env::temp_dir().join(format!("outbox-bench-{}-{n}.sql", std::process::id()));
+            std::fs::write(&path, script).unwrap();
+            path
+        })
+        .collect();
+    let mut command = Command::new(bindir().join("pgbench"));
+    command
         .args(pg.client_args())
         .args(["-n", "-M", "prepared"])
         .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
-        .args(options)
-        .arg("-f")
-        .arg(&path)
+        .args(options);
+    for path in &paths {
+        command.arg("-f").arg(format!("{}@1", path.display()));
+    }
+    let out = command
         .arg("postgres")
         .output()
         .expect("cannot run pgbench");
-    let _ = std::fs::remove_file(&path);
+    for path in &paths {
+        let _ = std::fs::remove_file(path);
+    }
+    out
+}
+
+/// [`run_pgbench`], also returning the number of transactions it ran.
+fn run_pgbench_counted(pg: &Pg, script: &str, clients: u32, options: &[&str]) -> (f64, u64) {
+    let out = pgbench_output(pg, &[script], clients, options);
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |prefix: &str, nth: usize| {
         text.lines()
@@ -218,32 +239,7 @@ fn run_pgbench_counted(pg: &Pg, script: &str, clients: u32, options: &[&str]) ->
 /// runs of one and of another. Returns, per script, its transactions' average latency and each
 /// of its statements' average latency, in ms.
 fn mixed_latencies(pg: &Pg, scripts: &[&str], clients: u32, seconds: u32) -> Vec<(f64, Vec<f64>)> {
-    let paths: Vec<std::path::PathBuf> = scripts
-        .iter()
-        .enumerate()
-        .map(|(n, script)| {
-            let path =
-                std::env::temp_dir().join(format!("outbox-bench-{}-{n}.sql", std::process::id()));
-            std::fs::write(&path, script).unwrap();
-            path
-        })
-        .collect();
-    let mut command = Command::new(bindir().join("pgbench"));
-    command
-        .args(pg.client_args())
-        .args(["-n", "-M", "prepared", "-r"])
-        .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
-        .args(["-T", &seconds.to_string()]);
-    for path in &paths {
-        command.arg("-f").arg(format!("{}@1", path.display()));
-    }
-    let out = command
-        .arg("postgres")
-        .output()
-        .expect("cannot run pgbench");
-    for path in &paths {
-        let _ = std::fs::remove_file(path);
-    }
+    let out = pgbench_output(pg, scripts, clients, &["-r", "-T", &seconds.to_string()]);
     let text = String::from_utf8_lossy(&out.stdout);
     let mut per_script: Vec<(f64, Vec<f64>)> = Vec::new();
     for line in text.lines() {
