@@ -427,17 +427,34 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
             .arg(stream)
             .arg(current)
             .arg(previous);
-        cmd.arg(0).arg(expires_at).arg(ids.len());
+        // Key and headers: both for event 6 (an empty key is a key), a key for 9, headers for
+        // 10, none for the others.
+        let shape = |id: i64| match id {
+            6 => 'b',
+            9 => 'k',
+            10 => 'h',
+            _ => '-',
+        };
+        let shapes: String = ids.iter().map(|&id| shape(id)).collect();
+        cmd.arg(0)
+            .arg(expires_at)
+            .arg("t")
+            .arg(shapes)
+            .arg(ids.len());
         for id in ids {
             cmd.arg(id);
         }
-        for id in ids {
-            cmd.arg("t").arg(format!("{{\"n\": {id}}}")).arg(stamp);
-            // Key and headers: none for most, both for event 6 (an empty key is a key).
-            if *id == 6 {
-                cmd.arg("=").arg("={\"a\": \"b\"}");
-            } else {
-                cmd.arg("").arg("");
+        for &id in ids {
+            cmd.arg(format!("{{\"n\": {id}}}")).arg(stamp);
+            if matches!(shape(id), 'k' | 'b') {
+                cmd.arg(if id == 6 {
+                    String::new()
+                } else {
+                    format!("key-{id}")
+                });
+            }
+            if matches!(shape(id), 'h' | 'b') {
+                cmd.arg(format!("{{\"h\": {id}}}"));
             }
         }
         let mut replies: Vec<redis::Value> = pipe.query(conn).unwrap();
@@ -450,15 +467,11 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     assert_eq!(redis.ids("s"), [4, 6], "the marked event was added again");
     assert!(!entries[0].1.contains_key("key") && !entries[0].1.contains_key("headers"));
     assert_eq!(entries[1].1["key"], "");
-    assert_eq!(entries[1].1["headers"], r#"{"a": "b"}"#);
-    assert_eq!(
-        reply,
-        [
-            redis::Value::BulkString(entries[0].0.clone().into_bytes()),
-            redis::Value::BulkString(b"1-1".to_vec()),
-            redis::Value::BulkString(entries[1].0.clone().into_bytes()),
-        ]
-    );
+    assert_eq!(entries[1].1["headers"], r#"{"h": 6}"#);
+    assert_eq!(entries[0].1["topic"], "t");
+    assert_eq!(entries[1].1["payload"], r#"{"n": 6}"#);
+    assert_eq!(entries[1].1["created_at"], stamp);
+    assert_eq!(reply, [], "no event was refused");
     let markers: HashMap<String, String> =
         redis::cmd("HGETALL").arg(current).query(&mut conn).unwrap();
     assert_eq!(
@@ -474,9 +487,26 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
         .unwrap();
     assert_eq!(expire, expires_at);
 
-    // A stream key holding a string: each event gets the error, as text after a '!' (an error
-    // reply inside the array would fail the whole reply in a cluster client), and no marker is
-    // written.
+    // Events with a key alone, headers alone and neither, in one call: each gets its own fields.
+    let redis::Value::Array(reply) = call("s", &[9, 10, 11], &mut conn) else {
+        panic!("not an array");
+    };
+    assert_eq!(reply, []);
+    let entries = redis.entries("s");
+    assert_eq!(redis.ids("s"), [4, 6, 9, 10, 11]);
+    let (key, headers) = (&entries[2].1, &entries[3].1);
+    assert_eq!(key["key"], "key-9");
+    assert_eq!(key["payload"], r#"{"n": 9}"#);
+    assert!(!key.contains_key("headers"));
+    assert_eq!(headers["headers"], r#"{"h": 10}"#);
+    assert_eq!(headers["payload"], r#"{"n": 10}"#);
+    assert!(!headers.contains_key("key"));
+    assert!(!entries[4].1.contains_key("key") && !entries[4].1.contains_key("headers"));
+    assert_eq!(entries[4].1["payload"], r#"{"n": 11}"#);
+
+    // A stream key holding a string: each event gets the error, as its position and text (an
+    // error reply inside the array would fail the whole reply in a cluster client), and no
+    // marker is written.
     let _: () = redis::cmd("SET")
         .arg("poison")
         .arg("x")
@@ -485,13 +515,14 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     let redis::Value::Array(reply) = call("poison", &[7, 8], &mut conn) else {
         panic!("not an array");
     };
-    assert_eq!(reply.len(), 2);
-    for item in reply {
-        match item {
+    assert_eq!(reply.len(), 4, "{reply:?}");
+    for (pair, position) in reply.chunks(2).zip(1..) {
+        assert_eq!(pair[0], redis::Value::Int(position));
+        match &pair[1] {
             redis::Value::BulkString(text) => assert!(
-                text.starts_with(b"!WRONGTYPE "),
+                text.starts_with(b"WRONGTYPE "),
                 "{}",
-                String::from_utf8_lossy(&text)
+                String::from_utf8_lossy(text)
             ),
             other => panic!("expected an error, got {other:?}"),
         }

@@ -160,7 +160,12 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
                     ids: run.iter().map(|&p| chunk.events[p].id).collect(),
                 });
             }
-            cmd.arg(target.stream_maxlen).arg(period.expires_at_ms);
+            let topic = &chunk.events[positions[0]].topic;
+            let shapes: String = positions.iter().map(|&p| shape(&chunk.events[p])).collect();
+            cmd.arg(target.stream_maxlen)
+                .arg(period.expires_at_ms)
+                .arg(topic)
+                .arg(shapes);
             for (_, run) in &runs {
                 cmd.arg(run.len());
             }
@@ -169,11 +174,13 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
             }
             for &p in &positions {
                 let event = &chunk.events[p];
-                cmd.arg(&event.topic)
-                    .arg(&event.payload)
-                    .arg(rfc3339(event.created_at))
-                    .arg(optional_field(event.key.as_deref()))
-                    .arg(optional_field(event.headers.as_deref()));
+                cmd.arg(&event.payload).arg(rfc3339(event.created_at));
+                if let Some(key) = &event.key {
+                    cmd.arg(key);
+                }
+                if let Some(headers) = &event.headers {
+                    cmd.arg(headers);
+                }
             }
             if waits {
                 layout.slots.insert(key_slot(stream.as_bytes()));
@@ -207,10 +214,15 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
     }
 }
 
-/// How the dedupe script is given a field that may be absent: empty when it is, else its value
-/// after a `=` (so that an empty key is not taken for none).
-fn optional_field(value: Option<&str>) -> String {
-    value.map_or_else(String::new, |value| format!("={value}"))
+/// How the dedupe script learns which of an event's optional fields follow its payload and
+/// created_at: `-` neither, `k` its key, `h` its headers, `b` both (key first).
+fn shape(event: &Event) -> char {
+    match (&event.key, &event.headers) {
+        (None, None) => '-',
+        (Some(_), None) => 'k',
+        (None, Some(_)) => 'h',
+        (Some(_), Some(_)) => 'b',
+    }
 }
 
 /// Whether a reply is a protocol error, after which Redis closes the connection (a bulk
@@ -248,34 +260,38 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                 }
             }
             Value::Array(items) if chunk.target.dedupe => {
-                if items.len() != positions.len() {
+                // Pairs of an event's position in the script's share (from 1) and the error
+                // XADD gave it; the events not named are in the stream.
+                if items.len() % 2 != 0 {
                     return Err(Failed::Broken(
                         "unexpected reply from the dedupe script".into(),
                     ));
                 }
-                for (item, &p) in items.into_iter().zip(positions) {
-                    match item {
-                        Value::BulkString(text) if text.first() == Some(&b'!') => {
-                            let message = String::from_utf8_lossy(&text[1..]).into_owned();
-                            let code = message.split(' ').next().unwrap_or("");
-                            if is_server_wide(code) {
-                                return Err(Failed::Refused(message));
-                            }
-                            results[p] = Err(message);
-                        }
-                        Value::BulkString(_) | Value::SimpleString(_) => {}
-                        Value::ServerError(e) => {
-                            if is_server_wide(e.code()) {
-                                return Err(Failed::Refused(reply_error(&e)));
-                            }
-                            results[p] = Err(reply_error(&e));
+                let mut items = items.into_iter();
+                while let (Some(position), Some(error)) = (items.next(), items.next()) {
+                    let p = match position {
+                        Value::Int(at) if at >= 1 && (at as usize) <= positions.len() => {
+                            positions[at as usize - 1]
                         }
                         other => {
                             return Err(Failed::Broken(format!(
-                                "unexpected item from the dedupe script: {other:?}"
+                                "unexpected position from the dedupe script: {other:?}"
                             )))
                         }
+                    };
+                    let message = match error {
+                        Value::BulkString(text) => String::from_utf8_lossy(&text).into_owned(),
+                        Value::SimpleString(text) => text,
+                        other => {
+                            return Err(Failed::Broken(format!(
+                                "unexpected error from the dedupe script: {other:?}"
+                            )))
+                        }
+                    };
+                    if is_server_wide(message.split(' ').next().unwrap_or("")) {
+                        return Err(Failed::Refused(message));
                     }
+                    results[p] = Err(message);
                 }
             }
             Value::BulkString(_) | Value::SimpleString(_) if !chunk.target.dedupe => {}
@@ -302,9 +318,8 @@ mod tests {
         redis::parse_redis_value(resp).expect("not RESP")
     }
 
-    #[test]
-    fn a_key_error_fails_its_events_and_a_refusal_fails_the_chunk() {
-        let target = Target {
+    fn target(dedupe: bool) -> Target {
+        Target {
             url: "redis://127.0.0.1".into(),
             mode: crate::gucs::RedisMode::Standalone,
             sentinel_master: String::new(),
@@ -313,10 +328,15 @@ mod tests {
             timeout: Duration::from_secs(1),
             stream_prefix: String::new(),
             stream_maxlen: 0,
-            dedupe: false,
+            dedupe,
             dedupe_ttl: Duration::from_secs(1),
             marker_namespace: "t".into(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_key_error_fails_its_events_and_a_refusal_fails_the_chunk() {
+        let target = target(false);
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
         let chunk = Chunk {
             target: &target,
@@ -346,5 +366,88 @@ mod tests {
             read(&chunk, &layout, vec![added()]),
             Err(Failed::Broken(_))
         ));
+    }
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not simple>".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_script_gets_the_topic_once_and_optional_fields_only_when_set() {
+        let target = target(true);
+        let mut events = [event(1, "a"), event(2, "a"), event(3, "a"), event(4, "a")];
+        events[1].key = Some("k2".into());
+        events[2].key = Some("k3".into());
+        events[2].headers = Some("h3".into());
+        events[3].headers = Some("h4".into());
+        let chunk = Chunk {
+            target: &target,
+            events: &events,
+            cleanup: &[],
+        };
+        let commands = build(&chunk, ScriptCall::BySha);
+        assert_eq!(commands.commands.len(), 1);
+        let args = args(&commands.commands[0]);
+        // EVALSHA, the digest, 3 keys (the stream, one run's two marker hashes).
+        assert_eq!(args[2..4], ["3", "a"]);
+        let argv = &args[6..];
+        assert_eq!(argv[0], "0", "no MAXLEN");
+        assert_eq!(argv[2..5], ["a", "-kbh", "4"]);
+        assert_eq!(argv[5..9], ["1", "2", "3", "4"]);
+        let stamp = rfc3339(0);
+        assert_eq!(
+            argv[9..],
+            ["{}", &stamp, "{}", &stamp, "k2", "{}", &stamp, "k3", "h3", "{}", &stamp, "h4"]
+        );
+    }
+
+    #[test]
+    fn the_script_names_the_events_it_refused() {
+        let target = target(true);
+        let events = [event(1, "a"), event(2, "b"), event(3, "a")];
+        let chunk = Chunk {
+            target: &target,
+            events: &events,
+            cleanup: &[],
+        };
+        // One call per stream: a gets events 1 and 3, b event 2.
+        let layout = build(&chunk, ScriptCall::BySha).layout;
+        let none = || reply(b"*0\r\n");
+        let Ok(answer) = read(&chunk, &layout, vec![none(), none()]) else {
+            panic!("an empty reply failed the chunk");
+        };
+        assert_eq!(answer.results, [Ok(()), Ok(()), Ok(())]);
+        let second = reply(b"*2\r\n:2\r\n$27\r\nWRONGTYPE Operation against\r\n");
+        let Ok(answer) = read(&chunk, &layout, vec![second, none()]) else {
+            panic!("a refused event failed the chunk");
+        };
+        assert_eq!(
+            answer.results,
+            [
+                Ok(()),
+                Ok(()),
+                Err("WRONGTYPE Operation against".to_string())
+            ]
+        );
+        let noperm = reply(b"*2\r\n:1\r\n$6\r\nNOPERM\r\n");
+        assert!(matches!(
+            read(&chunk, &layout, vec![none(), noperm]),
+            Err(Failed::Refused(error)) if error == "NOPERM"
+        ));
+        for broken in [
+            &b"*1\r\n:1\r\n"[..],
+            b"*2\r\n:3\r\n$3\r\nERR\r\n",
+            b"*2\r\n:0\r\n$3\r\nERR\r\n",
+        ] {
+            assert!(matches!(
+                read(&chunk, &layout, vec![reply(broken), none()]),
+                Err(Failed::Broken(_))
+            ));
+        }
     }
 }
