@@ -14,21 +14,31 @@ const CHUNK: usize = 50;
 /// Longer than the relay lets its own commits go unflushed (200 ms) plus a pass.
 const RECENT: Duration = Duration::from_millis(400);
 
-/// The marker hashes in Redis, with their sizes and remaining lifetimes in seconds.
-/// Through `Redis::query`, which asks again when a signal to the test process interrupted the
-/// read (this once failed a CI run with EINTR).
+/// The marker hashes in Redis, with how many markers each holds and its remaining lifetime in
+/// seconds. Through `Redis::query`, which asks again when a signal to the test process
+/// interrupted the read (this once failed a CI run with EINTR).
 fn marker_sets(redis: &Redis) -> Vec<(String, usize, i64)> {
     let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("outbox:dedupe:*"));
     keys.into_iter()
         .map(|key| {
-            let members: usize = redis.query(redis::cmd("HLEN").arg(&key));
+            let members = hash_markers(redis, &key).len();
             let ttl: i64 = redis.query(redis::cmd("TTL").arg(&key));
             (key, members, ttl)
         })
         .collect()
 }
 
-/// Markers held in Redis: event ids across all marker hashes.
+/// The markers one hash holds, as "<id>|<created_at>": a field per script call, listing those
+/// of the events the call added, separated by ';'.
+fn hash_markers(redis: &Redis, key: &str) -> Vec<String> {
+    let fields: HashMap<String, String> = redis.query(redis::cmd("HGETALL").arg(key));
+    fields
+        .values()
+        .flat_map(|value| value.split(';').map(str::to_string))
+        .collect()
+}
+
+/// Markers held in Redis: events across all marker hashes.
 fn markers(redis: &Redis) -> usize {
     marker_sets(redis)
         .iter()
@@ -347,7 +357,7 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
             // Ten consecutive ids: one or two hashes of 64 ids each.
             let sets = marker_sets(&redis);
             assert!((1..=2).contains(&sets.len()), "marker hashes: {sets:?}");
-            let mut recorded: HashMap<String, String> = HashMap::new();
+            let mut recorded: BTreeSet<String> = BTreeSet::new();
             for (key, _, ttl) in &sets {
                 // The hash tag puts the markers in the stream's Redis Cluster slot.
                 assert!(key.ends_with(":{crash}"), "{key}");
@@ -355,29 +365,19 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
                     (3590..=7200).contains(ttl),
                     "{key} expires in {ttl}s, not within one to two outbox.dedupe_ttl"
                 );
-                // Each marker records the entry its event became, and the event's created_at.
-                let markers: HashMap<String, String> = redis::cmd("HGETALL")
-                    .arg(key)
-                    .query(&mut redis.conn())
-                    .unwrap();
-                recorded.extend(markers);
+                // Each marker records its event's id and created_at.
+                recorded.extend(hash_markers(&redis, key));
             }
-            assert_eq!(
-                recorded.len(),
-                10,
-                "one marker per published, unmarked event"
-            );
-            let entries: HashMap<String, String> = redis
+            let entries: BTreeSet<String> = redis
                 .entries("crash")
                 .into_iter()
-                .map(|(entry, fields)| {
-                    (
-                        fields["id"].clone(),
-                        format!("{entry}|{}", fields["created_at"]),
-                    )
-                })
+                .map(|(_, fields)| format!("{}|{}", fields["id"], fields["created_at"]))
                 .collect();
-            assert_eq!(recorded, entries, "markers and entries differ");
+            assert_eq!(entries.len(), 10);
+            assert_eq!(
+                recorded, entries,
+                "one marker per published, unmarked event"
+            );
         },
     );
     assert_eq!(redis.xlen("crash"), 10);
@@ -396,10 +396,11 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
     );
 }
 
-/// The script itself, called as the relay calls it: a marker from the previous period absorbs
-/// its event, a marker of an earlier event with the same id but another created_at does not,
-/// new markers record entry ids with the event's created_at, an event's key and headers go into
-/// its entry when set, and a key error is reported per event with no marker written.
+/// The script itself, called as the relay calls it: markers from the previous period absorb
+/// their events, whether an earlier version wrote them (a field per event) or this one (a field
+/// per call), and move to the call's own field; a marker of an earlier event with the same id
+/// but another created_at does not absorb; an event's key and headers go into its entry when
+/// set; and a key error is reported per event with no marker written.
 #[test]
 fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     let redis = Redis::start();
@@ -407,17 +408,22 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     let script = include_str!("../src/relay/dedupe.lua");
     let (current, previous) = ("m:2:0:s", "m:1:0:s");
     let stamp = "2026-11-30T00:00:00.000000Z";
+    let other = "2026-11-29T00:00:00.000000Z";
     let _: () = redis::cmd("HSET")
         .arg(previous)
         .arg(5)
         .arg(format!("1-1|{stamp}"))
         .arg(6)
-        .arg("1-2|2026-11-29T00:00:00.000000Z")
+        .arg(format!("1-2|{other}"))
+        .arg("mearlier")
+        .arg(format!("12|{stamp};99|{stamp}"))
         .query(&mut conn)
         .unwrap();
     let expires_at = 4_102_444_800_000_u64; // 2100-01-01
-                                            // In a pipeline that keeps errors as values, as the relay sends it.
-    let call = |stream: &str, ids: &[i64], conn: &mut redis::Connection| -> redis::Value {
+    let fields =
+        |key: &str| -> HashMap<String, String> { redis.query(redis::cmd("HGETALL").arg(key)) };
+    // In a pipeline that keeps errors as values, as the relay sends it: one run.
+    let call = |stream: &str, field: &str, ids: &[i64], conn: &mut redis::Connection| {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let cmd = pipe
@@ -436,11 +442,9 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
             _ => '-',
         };
         let shapes: String = ids.iter().map(|&id| shape(id)).collect();
-        cmd.arg(0)
-            .arg(expires_at)
-            .arg("t")
-            .arg(shapes)
-            .arg(ids.len());
+        let marker: Vec<String> = ids.iter().map(|id| format!("{id}|{stamp}")).collect();
+        cmd.arg(0).arg(expires_at).arg("t").arg(shapes).arg(field);
+        cmd.arg(ids.len()).arg(marker.join(";"));
         for id in ids {
             cmd.arg(id);
         }
@@ -460,11 +464,11 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
         let mut replies: Vec<redis::Value> = pipe.query(conn).unwrap();
         replies.remove(0)
     };
-    let redis::Value::Array(reply) = call("s", &[4, 5, 6], &mut conn) else {
+    let redis::Value::Array(reply) = call("s", "mfirst", &[4, 5, 6, 12], &mut conn) else {
         panic!("not an array");
     };
     let entries = redis.entries("s");
-    assert_eq!(redis.ids("s"), [4, 6], "the marked event was added again");
+    assert_eq!(redis.ids("s"), [4, 6], "a marked event was added again");
     assert!(!entries[0].1.contains_key("key") && !entries[0].1.contains_key("headers"));
     assert_eq!(entries[1].1["key"], "");
     assert_eq!(entries[1].1["headers"], r#"{"h": 6}"#);
@@ -472,13 +476,20 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     assert_eq!(entries[1].1["payload"], r#"{"n": 6}"#);
     assert_eq!(entries[1].1["created_at"], stamp);
     assert_eq!(reply, [], "no event was refused");
-    let markers: HashMap<String, String> =
-        redis::cmd("HGETALL").arg(current).query(&mut conn).unwrap();
+    // The call's field lists every event of the run now in the stream, the two found there
+    // included; their old markers left the fields that held them, and the others stayed.
     assert_eq!(
-        markers,
+        fields(current),
+        HashMap::from([(
+            "mfirst".to_string(),
+            format!("4|{stamp};5|{stamp};6|{stamp};12|{stamp}")
+        )])
+    );
+    assert_eq!(
+        fields(previous),
         HashMap::from([
-            ("4".to_string(), format!("{}|{stamp}", entries[0].0)),
-            ("6".to_string(), format!("{}|{stamp}", entries[1].0))
+            ("6".to_string(), format!("1-2|{other}")),
+            ("mearlier".to_string(), format!("99|{stamp}")),
         ])
     );
     let expire: u64 = redis::cmd("PEXPIRETIME")
@@ -487,8 +498,9 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
         .unwrap();
     assert_eq!(expire, expires_at);
 
-    // Events with a key alone, headers alone and neither, in one call: each gets its own fields.
-    let redis::Value::Array(reply) = call("s", &[9, 10, 11], &mut conn) else {
+    // Events with a key alone, headers alone and neither, in one call: each gets its own fields,
+    // and the call's marker is the one it was given.
+    let redis::Value::Array(reply) = call("s", "msecond", &[9, 10, 11], &mut conn) else {
         panic!("not an array");
     };
     assert_eq!(reply, []);
@@ -503,6 +515,10 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     assert!(!headers.contains_key("key"));
     assert!(!entries[4].1.contains_key("key") && !entries[4].1.contains_key("headers"));
     assert_eq!(entries[4].1["payload"], r#"{"n": 11}"#);
+    assert_eq!(
+        fields(current)["msecond"],
+        format!("9|{stamp};10|{stamp};11|{stamp}")
+    );
 
     // A stream key holding a string: each event gets the error, as its position and text (an
     // error reply inside the array would fail the whole reply in a cluster client), and no
@@ -512,7 +528,7 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
         .arg("x")
         .query(&mut conn)
         .unwrap();
-    let redis::Value::Array(reply) = call("poison", &[7, 8], &mut conn) else {
+    let redis::Value::Array(reply) = call("poison", "mthird", &[7, 8], &mut conn) else {
         panic!("not an array");
     };
     assert_eq!(reply.len(), 4, "{reply:?}");
@@ -527,11 +543,5 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
             other => panic!("expected an error, got {other:?}"),
         }
     }
-    let known: Vec<Option<String>> = redis::cmd("HMGET")
-        .arg(current)
-        .arg(7)
-        .arg(8)
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(known, [None, None]);
+    assert!(!fields(current).contains_key("mthird"));
 }

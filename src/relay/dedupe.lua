@@ -1,14 +1,19 @@
 -- Idempotent publish of one stream's share of a batch (outbox.dedupe = on).
 --
 -- The events come in runs of consecutive ids that share a marker shard; each shard has a marker
--- hash (event id -> "<stream entry id>|<created_at>") per period, and the previous period's is
--- still consulted. An event is known by its id and its created_at together: ids can be used
--- again (TRUNCATE ... RESTART IDENTITY, setval, a restore), and a marker left by an earlier
--- event with the same id must not swallow a new one.
+-- hash per period, and the previous period's is still consulted. Each call leaves one field per
+-- run in its shard's hash, named after the call, listing "<id>|<created_at>" of each event it
+-- added, separated by ';'. An event is known by its id and its created_at together: ids can be
+-- used again (TRUNCATE ... RESTART IDENTITY, setval, a restore), and a marker left by an earlier
+-- event with the same id must not swallow a new one. The relay deletes a call's fields once the
+-- transaction that published its events is durable; a field left by a call whose transaction
+-- never committed absorbs the events' republication.
 --
--- The script runs for every event the relay publishes, so its arguments are lean: what all the
--- events share (their topic) comes once, and a key or headers only for the events that have
--- them.
+-- The script runs for every event the relay publishes, so its common path is lean: what all the
+-- events share (their topic) comes once, a key or headers only for the events that have them,
+-- and each run's marker comes ready-made, to be stored as it is when every event was added.
+-- Marker hashes are read only when they exist, which in a steady stream is at the edges of a
+-- chunk and after a crash.
 -- KEYS[1]             the stream
 -- KEYS[2s], KEYS[2s+1] run s's marker hash of the current period, and of the period before
 -- ARGV[1]             MAXLEN ~ bound, 0 for none
@@ -16,57 +21,95 @@
 -- ARGV[3]             the events' topic
 -- ARGV[4]             one character per event: '-' for neither key nor headers, 'k' for a
 --                     key, 'h' for headers, 'b' for both
--- ARGV[5 .. 4+r]      the number of events in each of the r runs
+-- ARGV[5]             the field this call's markers go to, unique to the call
+-- ARGV[4+2s], ARGV[5+2s] the number of events in run s, and its marker if every one is added
 -- then                the n event ids, in order
 -- then                per event: its payload and created_at, then its key and its headers if
 --                     it has them
 -- Returns the events XADD refused: pairs of the event's position (from 1) and the error text
 -- (a string, not an error reply: a cluster client would fail the whole reply); an empty array
--- when every event is in the stream. An event with a marker was added by an earlier attempt
--- whose transaction never committed: it is not added again.
+-- when every event is in the stream. An event with a marker was added by an earlier call whose
+-- transaction never committed: it is not added again.
 local maxlen = tonumber(ARGV[1])
 local expires_at = ARGV[2]
 local topic = ARGV[3]
 local shapes = ARGV[4]
+local field = ARGV[5]
 local runs = (#KEYS - 1) / 2
 local stream = KEYS[1]
 local xadd = redis.pcall
 local KEY, HEADERS, BOTH = string.byte('k'), string.byte('h'), string.byte('b')
+local DIGIT_0, DIGIT_9, MINUS = string.byte('0'), string.byte('9'), string.byte('-')
 
--- Whether a marker stands for the event created at `stamp`.
-local function marks(marker, stamp)
-  if not marker then return false end
-  local bar = string.find(marker, '|', 1, true)
-  return bar ~= nil and string.sub(marker, bar + 1) == stamp
+-- Adds the markers a hash holds to `known`: "<id>|<created_at>" -> where it is, the field
+-- that holds it (a table shared by that field's markers). Returns whether there were any. A
+-- field named by a number is one event's marker, as an earlier version of the relay wrote
+-- them ("<entry id>|<created_at>").
+local function read_markers(hash, known)
+  if redis.call('EXISTS', hash) == 0 then return false end
+  local flat = redis.call('HGETALL', hash)
+  for j = 1, #flat, 2 do
+    local name, value = flat[j], flat[j + 1]
+    local first = string.byte(name, 1)
+    local holder = {hash = hash, name = name, value = value, taken = {}}
+    if first == MINUS or (first >= DIGIT_0 and first <= DIGIT_9) then
+      local bar = string.find(value, '|', 1, true)
+      if bar then
+        holder.single = true
+        known[name .. string.sub(value, bar)] = holder
+      end
+    else
+      for marker in string.gmatch(value, '[^;]+') do known[marker] = holder end
+    end
+  end
+  return #flat > 0
+end
+
+-- Takes the markers of events this call found already added out of the fields that held
+-- them: this call's field now holds them, and goes once this call's transaction is durable.
+local function release(holders)
+  for _, holder in pairs(holders) do
+    local left = {}
+    if not holder.single then
+      for marker in string.gmatch(holder.value, '[^;]+') do
+        if not holder.taken[marker] then left[#left + 1] = marker end
+      end
+    end
+    if #left == 0 then
+      redis.call('HDEL', holder.hash, holder.name)
+    else
+      redis.call('HSET', holder.hash, holder.name, table.concat(left, ';'))
+    end
+  end
 end
 
 local n = 0
 for r = 1, runs do
-  n = n + tonumber(ARGV[4 + r])
+  n = n + tonumber(ARGV[4 + 2 * r])
 end
 local refused = {}
 local f = 0                    -- refused entries written
 local e = 0                    -- events done
-local id_at = 5 + runs         -- ARGV index of the next id
+local id_at = 6 + 2 * runs     -- ARGV index of the next id
 local field_at = id_at + n     -- ARGV index of the next event's payload
 for r = 1, runs do
-  local count = tonumber(ARGV[4 + r])
+  local count = tonumber(ARGV[4 + 2 * r])
+  local marker = ARGV[5 + 2 * r]
   local current, previous = KEYS[2 * r], KEYS[2 * r + 1]
-  local last_id = id_at + count - 1
-  local seen = {}
-  if redis.call('EXISTS', current) == 1 then
-    seen = redis.call('HMGET', current, unpack(ARGV, id_at, last_id))
-  end
-  local older = {}
-  if redis.call('EXISTS', previous) == 1 then
-    older = redis.call('HMGET', previous, unpack(ARGV, id_at, last_id))
-  end
-  local added = {}
-  local k = 0
+  local known = {}
+  local any_known = read_markers(current, known)
+  any_known = read_markers(previous, known) or any_known
+  -- The events in the stream (added now, or found added), by the ARGV indexes of their id and
+  -- created_at: their marker is built here only when it is not the one the relay sent.
+  local added, added_stamps, k = {}, {}, 0
+  local holders = {}
+  local all = true
   for i = 1, count do
     e = e + 1
-    local id = ARGV[id_at + i - 1]
-    local payload, stamp = ARGV[field_at], ARGV[field_at + 1]
+    local at = id_at + i - 1
+    local id = ARGV[at]
+    local stamp_at = field_at + 1
+    local payload, stamp = ARGV[field_at], ARGV[stamp_at]
     local shape = string.byte(shapes, e)
     field_at = field_at + 2
     local key, headers
@@ -78,7 +121,15 @@ for r = 1, runs do
       headers = ARGV[field_at]
       field_at = field_at + 1
     end
-    if not (marks(seen[i], stamp) or marks(older[i], stamp)) then
+    local holder = any_known and known[id .. '|' .. stamp]
+    if holder then
+      -- Added by an earlier call whose transaction never committed: not again.
+      all = false
+      holder.taken[id .. '|' .. stamp] = true
+      holders[holder] = holder
+      k = k + 1
+      added[k], added_stamps[k] = at, stamp_at
+    else
       local entry
       if key or headers then
         local args = {'XADD', stream}
@@ -106,19 +157,28 @@ for r = 1, runs do
           'created_at', stamp)
       end
       if type(entry) == 'string' then
-        added[k + 1], added[k + 2] = id, entry .. '|' .. stamp
-        k = k + 2
+        k = k + 1
+        added[k], added_stamps[k] = at, stamp_at
       else
+        all = false
         refused[f + 1], refused[f + 2] = e, (type(entry) == 'table' and entry.err) or 'ERR XADD'
         f = f + 2
       end
     end
   end
   if k > 0 then
-    redis.call('HSET', current, unpack(added))
+    if not all then
+      local parts = {}
+      for j = 1, k do
+        parts[j] = ARGV[added[j]] .. '|' .. ARGV[added_stamps[j]]
+      end
+      marker = table.concat(parts, ';')
+    end
+    release(holders)
+    redis.call('HSET', current, field, marker)
     -- Markers left by a crash go with their period's hash.
     redis.call('PEXPIREAT', current, expires_at)
   end
-  id_at = last_id + 1
+  id_at = id_at + count
 end
 return refused

@@ -55,9 +55,9 @@ pub fn stream_key(prefix: &str, topic: &str) -> String {
     format!("{prefix}{topic}")
 }
 
-/// Event ids per marker hash: consecutive ids share a hash, and a hash this small stays in
-/// Redis's compact encoding (`hash-max-listpack-entries` is 128 by default), where lookups and
-/// inserts are cheapest.
+/// Event ids per marker hash: consecutive ids share a hash, each script call writes one field
+/// per hash it touches, and a call that finds a hash already there reads all of it (see
+/// `dedupe.lua`): small enough that reading one at the edge of every chunk stays cheap.
 pub const MARKER_SHARD: i64 = 64;
 
 /// The period of `outbox.dedupe_ttl` the relay's clock reads `now_ms` in.

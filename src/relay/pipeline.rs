@@ -2,6 +2,10 @@
 //! dedupe script per stream, or plain XADDs), the deletion of markers whose batch committed, and
 //! how the replies map back to events. No I/O here.
 
+use std::collections::hash_map::RandomState;
+use std::fmt::Write as _;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use std::collections::BTreeSet;
@@ -34,6 +38,31 @@ fn dedupe_script_compact() -> &'static str {
 fn dedupe_script_sha() -> &'static str {
     static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SHA.get_or_init(|| redis::Script::new(DEDUPE_SCRIPT).get_hash().to_string())
+}
+
+/// The hash field a script call's markers go to: unique to the call, among all the relay's
+/// processes, so that a call never overwrites the markers another left (in a retry after a
+/// crash, say). Starts with a letter: a field named by a number is a marker an earlier version
+/// wrote for one event.
+fn marker_field() -> String {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        // Randomly keyed per process by the standard library, mixed with the process id and the
+        // time for good measure.
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        hasher.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        hasher.finish()
+    });
+    format!(
+        "m{seed:016x}.{:x}",
+        CALLS.fetch_add(1, AtomicOrdering::Relaxed)
+    )
 }
 
 /// One round trip's worth of work.
@@ -111,7 +140,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
     let mut commands = Vec::with_capacity(chunk.cleanup.len() + chunk.events.len());
     for markers in chunk.cleanup {
         let mut cmd = redis::cmd("HDEL");
-        cmd.arg(&markers.hash).arg(&markers.ids);
+        cmd.arg(&markers.hash).arg(&markers.field);
         commands.push(cmd);
     }
     let ignored = commands.len();
@@ -144,7 +173,8 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
                 }
             };
             cmd.arg(1 + 2 * runs.len()).arg(&stream);
-            for (shard, run) in &runs {
+            let field = marker_field();
+            for (shard, _) in &runs {
                 let prefix = &target.stream_prefix;
                 let current = marker_key(prefix, namespace, period.current, *shard, &stream);
                 let previous = marker_key(
@@ -157,7 +187,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
                 cmd.arg(&current).arg(previous);
                 layout.markers.push(Markers {
                     hash: current,
-                    ids: run.iter().map(|&p| chunk.events[p].id).collect(),
+                    field: field.clone(),
                 });
             }
             let topic = &chunk.events[positions[0]].topic;
@@ -165,16 +195,29 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
             cmd.arg(target.stream_maxlen)
                 .arg(period.expires_at_ms)
                 .arg(topic)
-                .arg(shapes);
+                .arg(shapes)
+                .arg(&field);
+            let stamps: Vec<String> = chunk
+                .events
+                .iter()
+                .map(|event| rfc3339(event.created_at))
+                .collect();
             for (_, run) in &runs {
-                cmd.arg(run.len());
+                let mut marker = String::with_capacity(run.len() * 40);
+                for &p in run {
+                    if !marker.is_empty() {
+                        marker.push(';');
+                    }
+                    let _ = write!(marker, "{}|{}", chunk.events[p].id, stamps[p]);
+                }
+                cmd.arg(run.len()).arg(marker);
             }
             for &p in &positions {
                 cmd.arg(chunk.events[p].id);
             }
             for &p in &positions {
                 let event = &chunk.events[p];
-                cmd.arg(&event.payload).arg(rfc3339(event.created_at));
+                cmd.arg(&event.payload).arg(&stamps[p]);
                 if let Some(key) = &event.key {
                     cmd.arg(key);
                 }
@@ -397,11 +440,15 @@ mod tests {
         assert_eq!(args[2..4], ["3", "a"]);
         let argv = &args[6..];
         assert_eq!(argv[0], "0", "no MAXLEN");
-        assert_eq!(argv[2..5], ["a", "-kbh", "4"]);
-        assert_eq!(argv[5..9], ["1", "2", "3", "4"]);
+        assert_eq!(argv[2..4], ["a", "-kbh"]);
+        // The call's own marker field, then the one run: its size and its ready-made marker.
+        assert!(argv[4].starts_with('m'), "{}", argv[4]);
         let stamp = rfc3339(0);
+        assert_eq!(argv[5], "4");
+        assert_eq!(argv[6], format!("1|{stamp};2|{stamp};3|{stamp};4|{stamp}"));
+        assert_eq!(argv[7..11], ["1", "2", "3", "4"]);
         assert_eq!(
-            argv[9..],
+            argv[11..],
             ["{}", &stamp, "{}", &stamp, "k2", "{}", &stamp, "k3", "h3", "{}", &stamp, "h4"]
         );
     }
@@ -449,5 +496,13 @@ mod tests {
                 Err(Failed::Broken(_))
             ));
         }
+    }
+
+    #[test]
+    fn each_call_gets_a_marker_field_of_its_own() {
+        let fields: std::collections::HashSet<String> = (0..1000).map(|_| marker_field()).collect();
+        assert_eq!(fields.len(), 1000);
+        // Never taken for a marker of the old kind, a field named by an event id.
+        assert!(fields.iter().all(|f| f.starts_with('m')));
     }
 }

@@ -51,11 +51,11 @@ pub struct TlsFiles {
     pub key_file: String,
 }
 
-/// Dedupe markers: event ids in one marker hash.
+/// Dedupe markers: those one script call left in one marker hash, under one field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Markers {
     pub hash: String,
-    pub ids: Vec<i64>,
+    pub field: String,
 }
 
 /// What the main thread tells the Redis thread.
