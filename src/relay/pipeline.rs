@@ -377,15 +377,19 @@ mod tests {
         }
     }
 
+    fn chunk_of<'a>(target: &'a Target, events: &'a [Event]) -> Chunk<'a> {
+        Chunk {
+            target,
+            events,
+            cleanup: &[],
+        }
+    }
+
     #[test]
     fn a_key_error_fails_its_events_and_a_refusal_fails_the_chunk() {
         let target = target(false);
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
-        let chunk = Chunk {
-            target: &target,
-            events: &events,
-            cleanup: &[],
-        };
+        let chunk = chunk_of(&target, &events);
         let layout = build(&chunk, ScriptCall::BySha).layout;
         let added = || reply(b"$3\r\n1-1\r\n");
         let wrongtype = || reply(b"-WRONGTYPE Operation against a key\r\n");
@@ -428,11 +432,7 @@ mod tests {
         events[2].key = Some("k3".into());
         events[2].headers = Some("h3".into());
         events[3].headers = Some("h4".into());
-        let chunk = Chunk {
-            target: &target,
-            events: &events,
-            cleanup: &[],
-        };
+        let chunk = chunk_of(&target, &events);
         let commands = build(&chunk, ScriptCall::BySha);
         assert_eq!(commands.commands.len(), 1);
         let args = args(&commands.commands[0]);
@@ -457,11 +457,7 @@ mod tests {
     fn the_script_names_the_events_it_refused() {
         let target = target(true);
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
-        let chunk = Chunk {
-            target: &target,
-            events: &events,
-            cleanup: &[],
-        };
+        let chunk = chunk_of(&target, &events);
         // One call per stream: a gets events 1 and 3, b event 2.
         let layout = build(&chunk, ScriptCall::BySha).layout;
         let none = || reply(b"*0\r\n");
