@@ -1089,7 +1089,7 @@ fn a_redis_user_without_scripting_holds_events_back_uncharged() {
 fn the_readme_minimal_redis_user_publishes_with_and_without_dedupe() {
     let redis = Redis::start();
     let rules = "on >pw ~app:* +ping +hello +auth +select +xadd +evalsha +script|load +hdel \
-                 +hgetall +exists +hset +pexpireat";
+                 +hgetall +hset +pexpireat";
     let mut acl = redis::cmd("ACL");
     acl.arg("SETUSER").arg("relay");
     for rule in rules.split_whitespace() {

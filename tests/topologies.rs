@@ -402,7 +402,7 @@ fn wait_for_error_change(pg: &Pg, previous: &str) -> String {
 fn the_readme_minimal_cluster_user_publishes_with_and_without_dedupe() {
     let cluster = Cluster::start(3);
     let rules = "on >pw ~app:* +ping +hello +auth +cluster|slots +asking +wait +xadd +eval +hdel \
-                 +hgetall +exists +hset +pexpireat";
+                 +hgetall +hset +pexpireat";
     for node in &cluster.nodes {
         let mut acl = redis::cmd("ACL");
         acl.arg("SETUSER").arg("relay");

@@ -12,8 +12,8 @@
 -- The script runs for every event the relay publishes, so its common path is lean: what all the
 -- events share (their topic) comes once, a key or headers only for the events that have them,
 -- and each run's marker comes ready-made, to be stored as it is when every event was added.
--- Marker hashes are read only when they exist, which in a steady stream is at the edges of a
--- chunk and after a crash.
+-- A marker hash holds anything to look through, in a steady stream, only at the edges of a
+-- chunk, and after a crash.
 -- KEYS[1]             the stream
 -- KEYS[2s], KEYS[2s+1] run s's marker hash of the current period, and of the period before
 -- ARGV[1]             MAXLEN ~ bound, 0 for none
@@ -46,7 +46,6 @@ local DIGIT_0, DIGIT_9, MINUS = string.byte('0'), string.byte('9'), string.byte(
 -- field named by a number is one event's marker, as an earlier version of the relay wrote
 -- them ("<entry id>|<created_at>").
 local function read_markers(hash, known)
-  if redis.call('EXISTS', hash) == 0 then return false end
   local flat = redis.call('HGETALL', hash)
   for j = 1, #flat, 2 do
     local name, value = flat[j], flat[j + 1]

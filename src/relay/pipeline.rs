@@ -158,6 +158,11 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
             .map_or(0, |d| d.as_millis() as u64);
         let period = marker_period(now_ms, ttl_ms);
         let namespace = &target.marker_namespace;
+        let stamps: Vec<String> = chunk
+            .events
+            .iter()
+            .map(|event| rfc3339(event.created_at))
+            .collect();
         for (stream, positions) in group_by_stream(&target.stream_prefix, chunk.events) {
             let runs = shard_runs(chunk.events, &positions);
             let mut cmd = match script {
@@ -197,11 +202,6 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
                 .arg(topic)
                 .arg(shapes)
                 .arg(&field);
-            let stamps: Vec<String> = chunk
-                .events
-                .iter()
-                .map(|event| rfc3339(event.created_at))
-                .collect();
             for (_, run) in &runs {
                 let mut marker = String::with_capacity(run.len() * 40);
                 for &p in run {
