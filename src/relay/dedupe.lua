@@ -42,7 +42,7 @@ local KEY, HEADERS, BOTH = string.byte('k'), string.byte('h'), string.byte('b')
 local DIGIT_0, DIGIT_9, MINUS = string.byte('0'), string.byte('9'), string.byte('-')
 
 -- Adds the markers a hash holds to `known`: "<id>|<created_at>" -> where it is, the field
--- that holds it (a table shared by that field's markers). Returns whether there were any. A
+-- that holds it (a table shared by that field's markers). A
 -- field named by a number is one event's marker, as an earlier version of the relay wrote
 -- them ("<entry id>|<created_at>").
 local function read_markers(hash, known)
@@ -61,7 +61,6 @@ local function read_markers(hash, known)
       for marker in string.gmatch(value, '[^;]+') do known[marker] = holder end
     end
   end
-  return #flat > 0
 end
 
 -- Takes the markers of events this call found already added out of the fields that held
@@ -96,8 +95,9 @@ for r = 1, runs do
   local marker = ARGV[5 + 2 * r]
   local current, previous = KEYS[2 * r], KEYS[2 * r + 1]
   local known = {}
-  local any_known = read_markers(current, known)
-  any_known = read_markers(previous, known) or any_known
+  read_markers(current, known)
+  read_markers(previous, known)
+  local any_known = next(known) ~= nil
   -- The events in the stream (added now, or found added), by the ARGV indexes of their id and
   -- created_at: their marker is built here only when it is not the one the relay sent.
   local added, added_stamps, k = {}, {}, 0
@@ -120,11 +120,12 @@ for r = 1, runs do
       headers = ARGV[field_at]
       field_at = field_at + 1
     end
-    local holder = any_known and known[id .. '|' .. stamp]
+    local mark = any_known and id .. '|' .. stamp
+    local holder = mark and known[mark]
     if holder then
       -- Added by an earlier call whose transaction never committed: not again.
       all = false
-      holder.taken[id .. '|' .. stamp] = true
+      holder.taken[mark] = true
       holders[holder] = holder
       k = k + 1
       added[k], added_stamps[k] = at, stamp_at

@@ -4,7 +4,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::fmt::Write as _;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -47,18 +47,8 @@ fn dedupe_script_sha() -> &'static str {
 fn marker_field() -> String {
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static CALLS: AtomicU64 = AtomicU64::new(0);
-    let seed = *SEED.get_or_init(|| {
-        // Randomly keyed per process by the standard library, mixed with the process id and the
-        // time for good measure.
-        let mut hasher = RandomState::new().build_hasher();
-        hasher.write_u32(std::process::id());
-        hasher.write_u128(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        hasher.finish()
-    });
+    // The standard library keys a `RandomState` from the operating system's randomness.
+    let seed = *SEED.get_or_init(|| RandomState::new().hash_one(std::process::id()));
     format!(
         "m{seed:016x}.{:x}",
         CALLS.fetch_add(1, AtomicOrdering::Relaxed)
