@@ -17,7 +17,7 @@ use super::order::PassOrder;
 use super::publish::{Interrupted, Reply};
 use super::retry::DueLook;
 use super::worker::{self, End};
-use super::{backoff, encode, retry, Pass, Relay};
+use super::{backoff, encode, retry, spare, Pass, Relay};
 use crate::ring;
 use crate::shmem::WorkerState;
 use crate::{lane, log_mask, redis_url};
@@ -167,34 +167,35 @@ impl Relay {
                 .filter(|(e, result)| e.attempts > 0 && result.is_ok())
                 .map(|(e, _)| e.id)
                 .min();
-            let failures: Vec<Failure> = sent
-                .into_iter()
-                .zip(results)
-                .filter_map(|(event, result)| {
-                    let error = result.err()?;
-                    let Event {
-                        id,
-                        topic,
-                        attempts,
-                        key,
-                        ..
-                    } = event;
-                    // The later events of its key wait: those claimed in this pass are held
-                    // back (unmarked, they are claimed again once this one is out), and the
-                    // claims after this one pass them by in SQL.
-                    order.hold(match key {
-                        Some(key) => Ordering::Key(key),
-                        None => Ordering::Topic(topic.clone()),
-                    });
-                    Some(Failure {
-                        id,
-                        topic,
-                        attempts,
-                        error,
-                        permanent: false,
-                    })
-                })
-                .collect();
+            let mut failures: Vec<Failure> = Vec::new();
+            for (event, result) in sent.into_iter().zip(results) {
+                let Err(error) = result else {
+                    // Its strings serve the next claim.
+                    spare::keep(event);
+                    continue;
+                };
+                let Event {
+                    id,
+                    topic,
+                    attempts,
+                    key,
+                    ..
+                } = event;
+                // The later events of its key wait: those claimed in this pass are held
+                // back (unmarked, they are claimed again once this one is out), and the
+                // claims after this one pass them by in SQL.
+                order.hold(match key {
+                    Some(key) => Ordering::Key(key),
+                    None => Ordering::Topic(topic.clone()),
+                });
+                failures.push(Failure {
+                    id,
+                    topic,
+                    attempts,
+                    error,
+                    permanent: false,
+                });
+            }
             batch.published += (published - failures.len()) as u64;
             // An event that had failed is out: its key's later events may go.
             released = lowest(released, retried_out);
@@ -228,6 +229,10 @@ impl Relay {
         } else if more_due {
             // A claim left due events out, or they filled it: the next pass takes more of them.
             batch.pass = Pass::Full;
+        }
+        if matches!(batch.pass, Pass::Drained) {
+            // No backlog: the strings kept for the next claim would only wait in memory.
+            spare::release();
         }
         batch
     }

@@ -15,6 +15,7 @@ use pgrx::PgOid;
 use super::cursor::Reach;
 use super::encode::{ascii_safe, Event};
 use super::retry::DueLook;
+use super::spare;
 use crate::compat;
 use crate::ring::{self, LEAVES};
 use crate::utf8;
@@ -703,10 +704,12 @@ unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String,
         }
         pgrx::varlena::varlena_to_byte_slice(text)
     };
-    let converted = if utf8_database {
-        bytes.to_vec()
-    } else {
-        utf8::to_utf8(bytes)?.into_owned()
-    };
-    String::from_utf8(converted).map_err(|e| format!("is not valid UTF-8: {e}"))
+    let invalid = |e: std::str::Utf8Error| format!("is not valid UTF-8: {e}");
+    if utf8_database {
+        // Into a string kept from an earlier claim (see `spare.rs`).
+        return std::str::from_utf8(bytes)
+            .map(spare::filled)
+            .map_err(invalid);
+    }
+    String::from_utf8(utf8::to_utf8(bytes)?.into_owned()).map_err(|e| invalid(e.utf8_error()))
 }

@@ -25,6 +25,7 @@ pub mod publish;
 mod retry;
 mod session;
 mod settings;
+mod spare;
 mod truncate;
 mod worker;
 
