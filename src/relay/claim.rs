@@ -6,17 +6,16 @@
 
 use std::time::Duration;
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
+use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgOid;
 
 use super::cursor::Reach;
 use super::encode::{ascii_safe, Event};
 use super::retry::DueLook;
+use super::rows::Plan;
 use super::spare;
-use crate::compat;
 use crate::ring::{self, LEAVES};
 use crate::utf8;
 
@@ -135,12 +134,12 @@ pub struct Scope {
 /// The two forms of each claim: for when no event in the worker's lanes has failed, and for when
 /// one has, which passes by the events of a key (else topic) behind an earlier one that failed.
 struct Claim {
-    plain: OwnedPreparedStatement,
-    guarded: OwnedPreparedStatement,
+    plain: Plan,
+    guarded: Plan,
 }
 
 impl Claim {
-    fn for_scope(&self, scope: &Scope) -> &OwnedPreparedStatement {
+    fn for_scope(&self, scope: &Scope) -> &Plan {
         if scope.failing {
             &self.guarded
         } else {
@@ -158,12 +157,12 @@ pub struct Statements {
     claim_fresh: Claim,
     /// The fresh claim in one partition of the ring, one per partition, plain only (see
     /// `cursor.rs`).
-    claim_fresh_in: Vec<OwnedPreparedStatement>,
+    claim_fresh_in: Vec<Plan>,
     /// The fresh claim above an id, and below it (see [`Statements::claim`]).
     claim_fresh_above: Claim,
     claim_fresh_below: Claim,
     /// The claim of due events, guarded only: a due event has failed, or was put back by hand.
-    claim_due: OwnedPreparedStatement,
+    claim_due: Plan,
     /// Whether an event in a range of lanes has failed and is not yet published.
     failing: OwnedPreparedStatement,
     /// Moves due events of a range of lanes from `outbox_delayed` into `outbox`.
@@ -185,10 +184,15 @@ fn prepare(sql: &str, args: &[pg_sys::Oid]) -> OwnedPreparedStatement {
     })
 }
 
+/// Prepares a claim, whose rows are read as the executor produces them (see `rows.rs`).
+fn prepare_rows(sql: &str, args: &[pg_sys::Oid]) -> Plan {
+    Plan::prepare(sql, args, &CLAIMED_TYPES)
+}
+
 /// The order of the claims of events that never failed: the columns of their partial index.
 const FRESH_ORDER: &str = "o.id, o.lane";
 
-/// The columns every claim returns, in the order [`read_events`] reads them.
+/// The columns every claim returns, in the order [`read_row`] reads them.
 const CLAIMED_COLUMNS: &str =
     "o.id, o.topic, o.payload::pg_catalog.text, o.created_at, o.attempts, \
                                o.key, o.headers::pg_catalog.text";
@@ -246,8 +250,8 @@ fn prepare_claim(schema: &str, filter: &str, order: &str, with_id: bool) -> Clai
     let args = claim_args(with_id);
     let guard = failed_key_guard(schema);
     Claim {
-        plain: prepare(&claim_sql(schema, "outbox", filter, order, ""), &args),
-        guarded: prepare(&claim_sql(schema, "outbox", filter, order, &guard), &args),
+        plain: prepare_rows(&claim_sql(schema, "outbox", filter, order, ""), &args),
+        guarded: prepare_rows(&claim_sql(schema, "outbox", filter, order, &guard), &args),
     }
 }
 
@@ -279,7 +283,7 @@ impl Statements {
                 .map(|leaf| {
                     let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
                     let sql = claim_sql(&s, &partition, fresh, FRESH_ORDER, "");
-                    prepare(&sql, &claim_args(false))
+                    prepare_rows(&sql, &claim_args(false))
                 })
                 .collect(),
             claim_fresh_above: prepare_claim(
@@ -299,7 +303,7 @@ impl Statements {
             // worker may learn of events charged elsewhere (by hand, see `FAILING_RECHECK`)
             // only at its next look for failing events, up to `FAILING_RECHECK` later, and two
             // due events of one key must not go out by their retry times.
-            claim_due: prepare(
+            claim_due: prepare_rows(
                 &claim_sql(
                     &s,
                     "outbox",
@@ -554,20 +558,28 @@ impl Statements {
 }
 
 fn run_claim(
-    statement: &OwnedPreparedStatement,
+    statement: &Plan,
     limit: usize,
     lanes: &std::ops::Range<i16>,
     id: Option<i64>,
 ) -> Claimed {
-    Spi::connect_mut(|client| {
-        let mut args: Vec<DatumWithOid> =
-            vec![(limit as i64).into(), lanes.start.into(), lanes.end.into()];
-        args.extend(id.map(DatumWithOid::from));
-        let table = client
-            .update(statement, None, &args)
-            .unwrap_or_else(|e| error!("outbox relay: claim failed: {e}"));
-        read_events(table)
-    })
+    let mut args = vec![
+        (pg_sys::INT8OID, pg_sys::Datum::from(limit as i64)),
+        (pg_sys::INT2OID, pg_sys::Datum::from(lanes.start)),
+        (pg_sys::INT2OID, pg_sys::Datum::from(lanes.end)),
+    ];
+    args.extend(id.map(|id| (pg_sys::INT8OID, pg_sys::Datum::from(id))));
+    let utf8_database = utf8::database_is_utf8();
+    let mut claimed = Claimed {
+        events: Vec::with_capacity(limit),
+        ..Claimed::default()
+    };
+    statement.run(
+        &args,
+        &mut |values, nulls| read_row(&mut claimed, values, nulls, utf8_database),
+        "claim failed",
+    );
+    claimed
 }
 
 /// The claim's columns: their types, in the order of [`CLAIMED_COLUMNS`].
@@ -581,135 +593,103 @@ const CLAIMED_TYPES: [pg_sys::Oid; 7] = [
     pg_sys::TEXTOID,
 ];
 
-/// Reads claimed rows. Topic and payload are read as the database stores them and converted
-/// to UTF-8 here, one event at a time, so that text which cannot be converted is charged to
-/// its event instead of failing the claim.
-///
-/// Each row is taken apart once, straight from SPI's tuple table: read column by column, a row
-/// was deformed again for every column, and each of those calls crossed into PostgreSQL on its
-/// own (a profile put that at several percent of the worker under a backlog).
-fn read_events(table: SpiTupleTable) -> Claimed {
-    let rows = table.len();
-    let mut claimed = Claimed {
-        events: Vec::with_capacity(rows),
-        ..Claimed::default()
+/// Reads one claimed row, its columns in the order of [`CLAIMED_TYPES`]. Topic and payload
+/// are read as the database stores them and converted to UTF-8 here, one event at a time, so
+/// that text which cannot be converted is charged to its event instead of failing the claim.
+fn read_row(claimed: &mut Claimed, values: &[pg_sys::Datum], nulls: &[bool], utf8_database: bool) {
+    let column = |i: usize| (!nulls[i]).then_some(values[i]);
+    // By value, as a 64-bit server passes bigint, timestamptz and integer datums.
+    let Some(id) = column(0).map(|d| d.value() as i64) else {
+        error!("outbox relay: a claimed row has no id");
     };
-    if rows == 0 {
-        return claimed;
-    }
-    // SAFETY: `table` wraps SPI_tuptable, the result of the claim just run in this SPI
-    // connection; nothing has run since, and it lives until the connection ends.
-    let (vals, tupdesc) = unsafe {
-        let tuptable = pg_sys::SPI_tuptable;
-        if tuptable.is_null() || (*tuptable).numvals as usize != rows {
-            error!("outbox relay: the claim's result is not where SPI left it");
-        }
-        ((*tuptable).vals, (*tuptable).tupdesc)
+    let created_at = column(3).map(|d| d.value() as i64);
+    let attempts = column(4).map_or(0, |d| d.value() as i32);
+    let text = |i: usize, name: &str| match column(i) {
+        None => Ok(None),
+        // SAFETY: a non-null text datum of the row being read.
+        Some(datum) => unsafe { utf8_text(datum, utf8_database) }
+            .map(Some)
+            .map_err(|why| format!("{name} {why}")),
     };
-    // The rows are deformed into arrays of exactly these columns.
-    // SAFETY: the tuple table's descriptor, valid until the SPI connection ends.
-    let types = unsafe { compat::attributes(tupdesc) }
-        .iter()
-        .map(|attribute| attribute.atttypid);
-    if !types.eq(CLAIMED_TYPES) {
-        error!("outbox relay: the claim's columns are not of the expected types");
-    }
-    let utf8_database = utf8::database_is_utf8();
-    let mut values = [pg_sys::Datum::from(0); CLAIMED_TYPES.len()];
-    let mut nulls = [true; CLAIMED_TYPES.len()];
-    for row in 0..rows {
-        // SAFETY: `vals` holds `rows` tuples of `tupdesc`, whose seven columns fit the arrays.
-        unsafe {
-            pg_sys::heap_deform_tuple(
-                *vals.add(row),
-                tupdesc,
-                values.as_mut_ptr(),
-                nulls.as_mut_ptr(),
-            );
+    let required = |i: usize, name: &str| {
+        text(i, name).and_then(|v| v.ok_or_else(|| format!("{name} is null")))
+    };
+    let topic = required(1, "topic");
+    let payload = required(2, "payload");
+    let key = text(5, "key");
+    let headers = text(6, "headers");
+    match (topic, payload, key, headers, created_at) {
+        (Ok(topic), Ok(payload), Ok(key), Ok(headers), Some(created_at)) => {
+            claimed.events.push(Event {
+                id,
+                topic,
+                payload,
+                created_at,
+                attempts,
+                key,
+                headers,
+            })
         }
-        let column = |i: usize| (!nulls[i]).then_some(values[i]);
-        // By value, as a 64-bit server passes bigint, timestamptz and integer datums.
-        let Some(id) = column(0).map(|d| d.value() as i64) else {
-            error!("outbox relay: a claimed row has no id");
-        };
-        let created_at = column(3).map(|d| d.value() as i64);
-        let attempts = column(4).map_or(0, |d| d.value() as i32);
-        let text = |i: usize, name: &str| match column(i) {
-            None => Ok(None),
-            // SAFETY: a non-null text datum of the row just deformed.
-            Some(datum) => unsafe { utf8_text(datum, utf8_database) }
-                .map(Some)
-                .map_err(|why| format!("{name} {why}")),
-        };
-        let required = |i: usize, name: &str| {
-            text(i, name).and_then(|v| v.ok_or_else(|| format!("{name} is null")))
-        };
-        let topic = required(1, "topic");
-        let payload = required(2, "payload");
-        let key = text(5, "key");
-        let headers = text(6, "headers");
-        match (topic, payload, key, headers, created_at) {
-            (Ok(topic), Ok(payload), Ok(key), Ok(headers), Some(created_at)) => {
-                claimed.events.push(Event {
-                    id,
-                    topic,
-                    payload,
-                    created_at,
-                    attempts,
-                    key,
-                    headers,
-                })
-            }
-            (topic, payload, key, headers, created_at) => {
-                let error = [
-                    topic.as_ref().err(),
-                    payload.as_ref().err(),
-                    key.as_ref().err(),
-                    headers.as_ref().err(),
-                ]
-                .into_iter()
-                .flatten()
-                .next()
-                .cloned()
-                .or_else(|| {
-                    created_at
-                        .is_none()
-                        .then(|| "created_at is null".to_string())
-                })
-                .unwrap_or_default();
-                claimed.unreadable.push(Failure {
-                    id,
-                    topic: topic.unwrap_or_default(),
-                    attempts,
-                    error,
-                    permanent: true,
-                });
-            }
+        (topic, payload, key, headers, created_at) => {
+            let error = [
+                topic.as_ref().err(),
+                payload.as_ref().err(),
+                key.as_ref().err(),
+                headers.as_ref().err(),
+            ]
+            .into_iter()
+            .flatten()
+            .next()
+            .cloned()
+            .or_else(|| {
+                created_at
+                    .is_none()
+                    .then(|| "created_at is null".to_string())
+            })
+            .unwrap_or_default();
+            claimed.unreadable.push(Failure {
+                id,
+                topic: topic.unwrap_or_default(),
+                attempts,
+                error,
+                permanent: true,
+            });
         }
     }
-    claimed
 }
 
 /// A text datum as UTF-8; the error says why it cannot be, after the column's name.
 ///
 /// # Safety
-/// `datum` is a non-null `text` datum, valid until the claim's SPI connection ends.
+/// `datum` is a non-null `text` datum, valid while its row is being read.
 unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String, String> {
-    let mut text = datum.cast_mut_ptr::<pg_sys::varlena>();
+    let stored = datum.cast_mut_ptr::<pg_sys::varlena>();
     // SAFETY: the caller's promise. Only a compressed or out-of-line value needs PostgreSQL to
-    // fetch it (into SPI's memory); a plain or short one is read where it is.
-    let bytes = unsafe {
-        if pgrx::varlena::varatt_is_4b_c(text) || pgrx::varlena::varatt_is_1b_e(text) {
-            text = pg_sys::pg_detoast_datum_packed(text);
+    // fetch it (into the executor's memory); a plain or short one is read where it is.
+    let text = unsafe {
+        if pgrx::varlena::varatt_is_4b_c(stored) || pgrx::varlena::varatt_is_1b_e(stored) {
+            pg_sys::pg_detoast_datum_packed(stored)
+        } else {
+            stored
         }
-        pgrx::varlena::varlena_to_byte_slice(text)
     };
+    // SAFETY: a varlena in memory, as just made sure.
+    let bytes = unsafe { pgrx::varlena::varlena_to_byte_slice(text) };
     let invalid = |e: std::str::Utf8Error| format!("is not valid UTF-8: {e}");
-    if utf8_database {
+    let read = if utf8_database {
         // Into a string kept from an earlier claim (see `spare.rs`).
-        return std::str::from_utf8(bytes)
+        std::str::from_utf8(bytes)
             .map(spare::filled)
-            .map_err(invalid);
+            .map_err(invalid)
+    } else {
+        utf8::to_utf8(bytes).and_then(|utf8| {
+            String::from_utf8(utf8.into_owned()).map_err(|e| invalid(e.utf8_error()))
+        })
+    };
+    if text != stored {
+        // SAFETY: the copy fetched above, read no more: freed now rather than with the
+        // statement, which may fetch hundreds of them.
+        unsafe { pg_sys::pfree(text.cast()) };
     }
-    String::from_utf8(utf8::to_utf8(bytes)?.into_owned()).map_err(|e| invalid(e.utf8_error()))
+    read
 }

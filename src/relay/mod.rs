@@ -23,6 +23,7 @@ mod pipeline;
 mod prune;
 pub mod publish;
 mod retry;
+mod rows;
 mod session;
 mod settings;
 mod spare;
