@@ -101,7 +101,8 @@ impl Plan {
                     allow_nonatomic: false,
                     must_return_tuples: false,
                     tcount: 0,
-                    dest: &mut receiver.dest,
+                    // From the whole receiver, which the callbacks read through it.
+                    dest: (&raw mut receiver).cast(),
                     owner: std::ptr::null_mut(),
                 };
                 let code = pg_sys::SPI_execute_plan_extended(self.plan.as_ptr(), &options);
