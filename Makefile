@@ -1,6 +1,6 @@
 # The two commands of the README, and a few more for development.
 # PG=16 (or PG_CONFIG=/path/to/pg_config) picks one PostgreSQL; without either, `make test`
-# runs the whole suite on every major tested here (15, 16 and 18).
+# runs the whole suite on every major tested here (15, 16, 17 and 18).
 .PHONY: demo test test-matrix bench install lint
 
 demo:        ## Enqueue events on throwaway servers and watch them arrive in Redis
@@ -10,7 +10,7 @@ test:        ## Every test: lints, unit tests, integration tests against real se
 	@if [ -n "$(PG)$(PG_CONFIG)" ]; then PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/test.sh; \
 	else scripts/test-matrix.sh; fi
 
-test-matrix: ## The whole suite on PostgreSQL 15, 16 and 18, one after the other
+test-matrix: ## The whole suite on PostgreSQL 15, 16, 17 and 18, one after the other
 	scripts/test-matrix.sh
 
 bench:       ## Write cost, relay throughput, latency; prints a Markdown table

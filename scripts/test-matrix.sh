@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite on every PostgreSQL major that is tested here (15, 16 and 18), one after
+# The whole test suite on every PostgreSQL major that is tested here (15, 16, 17 and 18), one after
 # the other; each installs what it needs first. Builds share the target directory, so only the
 # parts that differ between majors are compiled again. Ends with the tests counted over all
 # majors.

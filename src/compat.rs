@@ -1,4 +1,4 @@
-//! What differs between the PostgreSQL majors the extension builds for (13 to 18), in one place:
+//! What differs between the PostgreSQL majors the extension builds for (15 to 18), in one place:
 //! each function here has one body per range of majors, chosen by the `pgNN` feature, and the
 //! rest of the code calls it without knowing the major.
 
@@ -39,9 +39,9 @@ pub unsafe fn init_range_table(estate: *mut pg_sys::EState, rte: *mut pg_sys::Ra
     // SAFETY: guaranteed by the caller; the lists are palloc'd in the current memory context.
     unsafe {
         let range_table = pg_sys::lappend(std::ptr::null_mut(), rte.cast());
-        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+        #[cfg(feature = "pg15")]
         pg_sys::ExecInitRangeTable(estate, range_table);
-        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+        #[cfg(not(feature = "pg15"))]
         {
             let mut permissions: *mut pg_sys::List = std::ptr::null_mut();
             pg_sys::addRTEPermissionInfo(&mut permissions, rte);
@@ -58,26 +58,18 @@ pub unsafe fn init_range_table(estate: *mut pg_sys::EState, rte: *mut pg_sys::Ra
     }
 }
 
-/// Reserves the `outbox.` prefix, so that a typo such as `outbox.worker` is reported at startup
-/// (15 and later; earlier majors have no such call).
+/// Reserves the `outbox.` prefix, so that a typo such as `outbox.worker` is reported at startup.
 pub fn reserve_guc_prefix() {
-    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
     // SAFETY: called from _PG_init while preloading, as PostgreSQL's own modules do.
     unsafe {
         pg_sys::MarkGUCPrefixReserved(c"outbox".as_ptr());
     }
 }
 
-/// Asks for `size` bytes of shared memory. Called from `_PG_init` while preloading: 13 and 14
-/// take the request there and then; from 15 on it must come from `shmem_request_hook`, which is
-/// installed here, chained to any earlier hook.
+/// Asks for `size` bytes of shared memory. Called from `_PG_init` while preloading: the
+/// request must come from `shmem_request_hook`, which is installed here, chained to any earlier
+/// hook.
 pub fn request_shared_memory(size: usize) {
-    #[cfg(any(feature = "pg13", feature = "pg14"))]
-    // SAFETY: _PG_init runs in the postmaster while shared memory is being sized.
-    unsafe {
-        pg_sys::RequestAddinShmemSpace(size);
-    }
-    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
     // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
     // way for an extension to take part in shared-memory setup.
     unsafe {
@@ -91,11 +83,9 @@ pub fn request_shared_memory(size: usize) {
 }
 
 /// The size to request and the hook that was installed before ours.
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
 static SHMEM_REQUEST: std::sync::OnceLock<(usize, pg_sys::shmem_request_hook_type)> =
     std::sync::OnceLock::new();
 
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn request_shmem() {
     let Some(&(size, previous)) = SHMEM_REQUEST.get() else {
@@ -125,23 +115,13 @@ pub fn proc_exit(code: i32) -> ! {
     unreachable!("proc_exit returned")
 }
 
-/// The partitions of a partitioned table, without those being detached (13 has no detaching
-/// partitions, and no parameter).
+/// The partitions of a partitioned table, without those being detached.
 ///
 /// # Safety
 /// `rel` must be an open partitioned table.
 pub unsafe fn partition_desc(rel: pg_sys::Relation) -> pg_sys::PartitionDesc {
     // SAFETY: guaranteed by the caller.
-    unsafe {
-        #[cfg(feature = "pg13")]
-        {
-            pg_sys::RelationGetPartitionDesc(rel)
-        }
-        #[cfg(not(feature = "pg13"))]
-        {
-            pg_sys::RelationGetPartitionDesc(rel, true)
-        }
-    }
+    unsafe { pg_sys::RelationGetPartitionDesc(rel, true) }
 }
 
 /// Whether the current user owns database `oid` (superusers own everything). Up to 15 a
@@ -149,28 +129,19 @@ pub unsafe fn partition_desc(rel: pg_sys::Relation) -> pg_sys::PartitionDesc {
 pub fn owns_database(oid: pg_sys::Oid) -> bool {
     // SAFETY: a catalog lookup by OID, inside the caller's transaction.
     unsafe {
-        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+        #[cfg(feature = "pg15")]
         {
             pg_sys::pg_database_ownercheck(oid, pg_sys::GetUserId())
         }
-        #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+        #[cfg(not(feature = "pg15"))]
         {
             pg_sys::object_ownercheck(pg_sys::DatabaseRelationId, oid, pg_sys::GetUserId())
         }
     }
 }
 
-/// How far the WAL is on disk (`GetFlushRecPtr`, which took the timeline's address from 15 on).
+/// How far the WAL is on disk.
 pub fn wal_flushed_to() -> u64 {
     // SAFETY: reads shared WAL state under its spinlock.
-    unsafe {
-        #[cfg(any(feature = "pg13", feature = "pg14"))]
-        {
-            pg_sys::GetFlushRecPtr()
-        }
-        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
-        {
-            pg_sys::GetFlushRecPtr(std::ptr::null_mut())
-        }
-    }
+    unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) }
 }

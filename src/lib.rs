@@ -21,11 +21,9 @@ mod relay;
 mod ring;
 mod shmem;
 mod status;
-#[cfg(not(feature = "pg13"))]
 mod step_aside;
 mod url_in_text;
 mod utf8;
-#[cfg(not(feature = "pg13"))]
 mod utility;
 mod wake;
 
@@ -61,7 +59,6 @@ pub extern "C-unwind" fn _PG_init() {
     }
     compat::reserve_guc_prefix();
     shmem::init();
-    #[cfg(not(feature = "pg13"))]
     utility::init();
     relay::register_workers();
 }

@@ -2,7 +2,7 @@
 //! A database may be in any server encoding, `SQL_ASCII` (bytes, unchecked) included.
 //!
 //! Text that has no UTF-8 form is reported, never raised: the conversion runs without an error
-//! to catch (PostgreSQL 14's conversions can stop where they fail instead of raising), since
+//! to catch (PostgreSQL's conversions can stop where they fail instead of raising), since
 //! catching an error in the middle of a transaction, without the subtransaction PostgreSQL
 //! would roll back, could leave whatever the failed call held behind.
 
@@ -37,7 +37,6 @@ pub fn to_utf8(bytes: &[u8]) -> Result<Cow<'_, [u8]>, String> {
 
 /// Converts with the database's default conversion to UTF-8, stopping at the first character
 /// that has no equivalent.
-#[cfg(not(feature = "pg13"))]
 fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
     let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
     // SAFETY: a catalog lookup inside the caller's transaction.
@@ -91,38 +90,4 @@ fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
     // has answered.
     out.shrink_to_fit();
     Ok(out)
-}
-
-/// PostgreSQL 13's conversions raise where they fail: the error is caught, as nothing else can
-/// tell.
-#[cfg(feature = "pg13")]
-fn convert(_encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
-    pgrx::PgTryBuilder::new(|| {
-        // SAFETY: `bytes` is valid for its length; the result is either `bytes` itself or a
-        // NUL-terminated copy palloc'd in the current memory context.
-        unsafe {
-            let source = bytes.as_ptr().cast::<std::ffi::c_char>();
-            let result = pg_sys::pg_server_to_any(
-                source,
-                bytes.len() as i32,
-                pg_sys::pg_enc::PG_UTF8 as i32,
-            );
-            if result.cast_const() == source {
-                Ok(bytes.to_vec())
-            } else {
-                Ok(std::ffi::CStr::from_ptr(result).to_bytes().to_vec())
-            }
-        }
-    })
-    .catch_others(|error| match error {
-        pg_sys::panic::CaughtError::PostgresError(report)
-        | pg_sys::panic::CaughtError::ErrorReport(report)
-        | pg_sys::panic::CaughtError::RustPanic {
-            ereport: report, ..
-        } => Err(format!(
-            "cannot be converted to UTF-8: {}",
-            report.message()
-        )),
-    })
-    .execute()
 }

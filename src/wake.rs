@@ -4,8 +4,8 @@
 //! a latch: `outbox_enqueue` only records the wish, and a transaction callback sets every
 //! worker's latch at COMMIT. A rollback or PREPARE TRANSACTION wakes nobody; a `COMMIT
 //! PREPARED` statement wakes the relay at its own commit (the utility hook, `utility.rs`, asks
-//! for it; on PostgreSQL 13, which has no such hook here, and for a prepared transaction that
-//! logical replication's apply worker commits, the poll picks the events up).
+//! for it; for a prepared transaction that logical replication's apply worker commits, the poll
+//! picks the events up).
 //!
 //! The same wish counts the transaction in its database's [`EnqueueActivity`] when it is made,
 //! and again once the transaction has ended: the relay claims past its last batch only while no
@@ -60,7 +60,6 @@ pub fn wrote(id: i64) {
 
 /// Asks for the relay to be woken when the current transaction commits, for events it made
 /// visible anywhere in the ring.
-#[cfg_attr(feature = "pg13", allow(dead_code))]
 pub fn wake_relay_at_commit_anywhere() {
     wake_relay_at_commit();
     LEAVES_WRITTEN.get().set(u16::MAX);
@@ -74,7 +73,6 @@ fn _outbox_wake() {
 
 /// Whether the relay works in this backend's database (its workers have a share of shared
 /// memory for it).
-#[cfg_attr(feature = "pg13", allow(dead_code))]
 pub fn database_is_relayed() -> bool {
     // SAFETY: reads this backend's database.
     let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
@@ -86,7 +84,6 @@ pub fn database_is_relayed() -> bool {
 ///
 /// # Safety
 /// `node` must be a valid parse node or null.
-#[cfg_attr(feature = "pg13", allow(dead_code))]
 pub unsafe fn commits_prepared(node: *mut pg_sys::Node) -> bool {
     // SAFETY: guaranteed by the caller; the cast follows the node's tag.
     unsafe {
