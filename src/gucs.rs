@@ -5,6 +5,7 @@
 //! GUC memory across a reload.
 
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
@@ -20,13 +21,19 @@ static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 /// Number of relay workers started by the postmaster.
 static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
-/// Where events are published; may carry a password, so it is superuser-only.
+/// Where events are published. Never holds a password (`outbox.redis_password_file` does).
 static REDIS_URL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"redis://127.0.0.1:6379"));
 /// How `outbox.redis_url` is read: one server, the seed nodes of a cluster, or sentinels.
 static REDIS_MODE: GucSetting<RedisMode> = GucSetting::<RedisMode>::new(RedisMode::Standalone);
 /// The name Sentinel knows the primary by.
 static REDIS_SENTINEL_MASTER: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+/// Files whose first line is the password the relay gives Redis, and the one it gives the
+/// sentinels; empty: none.
+static REDIS_PASSWORD_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+static REDIS_SENTINEL_PASSWORD_FILE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
 /// PEM files for TLS: the CA to trust, and the client's certificate and key.
 static REDIS_TLS_CA_FILE: GucSetting<Option<CString>> =
@@ -116,7 +123,7 @@ fn init_reloadable() {
         GucRegistry::define_string_guc_with_hooks(
             c"outbox.redis_url",
             c"Redis the outbox relay publishes to: one redis:// or rediss:// URL, or a comma-separated list (cluster seed nodes, or sentinels).",
-            c"May contain a password; only superusers can read it, and logs show it masked.",
+            c"Holds no password: the relay reads it from outbox.redis_password_file.",
             &REDIS_URL,
             GucContext::Sighup,
             GucFlags::SUPERUSER_ONLY,
@@ -138,6 +145,22 @@ fn init_reloadable() {
         c"The service name Sentinel knows the Redis primary by (outbox.redis_mode = sentinel).",
         c"",
         &REDIS_SENTINEL_MASTER,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"outbox.redis_password_file",
+        c"File whose first line is the password the relay gives Redis (empty: none).",
+        c"Read at each connection; refused if other users can read it. The user name stays in outbox.redis_url.",
+        &REDIS_PASSWORD_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"outbox.redis_sentinel_password_file",
+        c"File whose first line is the password the relay gives the sentinels (empty: none).",
+        c"Read at each connection; refused if other users can read it.",
+        &REDIS_SENTINEL_PASSWORD_FILE,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );
@@ -322,6 +345,23 @@ pub fn redis_sentinel_master() -> String {
     string(&REDIS_SENTINEL_MASTER)
 }
 
+pub fn redis_password_file() -> String {
+    string(&REDIS_PASSWORD_FILE)
+}
+
+pub fn redis_sentinel_password_file() -> String {
+    string(&REDIS_SENTINEL_PASSWORD_FILE)
+}
+
+/// Why the value of `outbox.redis_url` that the configuration files hold was refused, when the
+/// last one this process checked was: the relay then waits instead of publishing to the URL it
+/// kept (the default, or the one before).
+pub fn redis_url_refused() -> Option<&'static str> {
+    REDIS_URL_REFUSED
+        .load(Ordering::Relaxed)
+        .then_some(PASSWORD_IN_URL)
+}
+
 pub fn redis_tls_ca_file() -> String {
     string(&REDIS_TLS_CA_FILE)
 }
@@ -422,6 +462,15 @@ fn check_message(message: &str) {
     }
 }
 
+/// Sets the hint of a failed GUC check.
+fn check_hint(message: &str) {
+    let msg = CString::new(message.replace('\0', "")).unwrap_or_default();
+    // SAFETY: as for GUC_check_errdetail_string below.
+    unsafe {
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(msg.as_ptr());
+    }
+}
+
 /// Sets the detail message of a failed GUC check.
 fn check_detail(message: &str) {
     let msg = CString::new(message.replace('\0', "")).unwrap_or_default();
@@ -432,23 +481,47 @@ fn check_detail(message: &str) {
     }
 }
 
+/// What the relay says while the configured `outbox.redis_url` holds a password.
+const PASSWORD_IN_URL: &str = "outbox.redis_url holds a password, so it was refused and the \
+     relay waits; put the password in the file named by outbox.redis_password_file and remove it \
+     from the URL";
+
+/// Whether the last value of `outbox.redis_url` from a configuration file that this process
+/// checked was refused for holding a password. Forked processes inherit the postmaster's.
+static REDIS_URL_REFUSED: AtomicBool = AtomicBool::new(false);
+
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn check_redis_url(
     newval: *mut *mut c_char,
     _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
+    source: pg_sys::GucSource::Type,
 ) -> bool {
     // SAFETY: called by PostgreSQL as a string check hook.
     let value = unsafe { candidate(newval) }.unwrap_or("");
-    match redis_url::validate(value) {
+    let verdict = redis_url::validate(value);
+    // A value from the files is refused without stopping the server: PostgreSQL keeps the
+    // setting's previous value, and the relay must not publish there in its place.
+    if source <= pg_sys::GucSource::PGC_S_ARGV {
+        REDIS_URL_REFUSED.store(
+            matches!(verdict, Err(redis_url::Refused::Password)),
+            Ordering::Relaxed,
+        );
+    }
+    match verdict {
         Ok(()) => true,
-        Err(why) => {
-            // PostgreSQL's own message would show the value as it was written, password and
-            // all, in the server log (a reload) or to the client; a value that does not parse
-            // cannot be masked with certainty, so none is shown, and the detail names the URL
-            // at fault by its place in the list.
+        Err(refused) => {
+            // PostgreSQL's own message would show the value as it was written, in the server
+            // log (a reload) or to the client; none is shown, and the detail names the URL at
+            // fault by its place in the list.
             check_message("invalid value for parameter \"outbox.redis_url\"");
-            check_detail(&why);
+            check_detail(&refused.to_string());
+            if let redis_url::Refused::Password = refused {
+                check_hint(
+                    "Remove the password from the URL (keep the user name: redis://user@host) and \
+                     write it to a file only the server's OS user can read, named by \
+                     outbox.redis_password_file.",
+                );
+            }
             false
         }
     }

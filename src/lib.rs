@@ -15,14 +15,12 @@ mod enqueue;
 mod gucs;
 mod insert;
 mod lane;
-mod log_mask;
 mod redis_url;
 mod relay;
 mod ring;
 mod shmem;
 mod status;
 mod step_aside;
-mod url_in_text;
 mod utf8;
 mod utility;
 mod wake;
@@ -33,8 +31,6 @@ extension_sql_file!("../sql/outbox.sql", name = "outbox_objects", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    // First, so that what PostgreSQL logs of the Redis URL from here on hides its password.
-    log_mask::init();
     gucs::init();
     // SAFETY: plain reads of postmaster globals during library load.
     let (binary_upgrade, preloading) = unsafe {

@@ -1,6 +1,9 @@
 //! `outbox.redis_url`: one URL, or a comma-separated list of them (the seed nodes of a cluster,
-//! or the sentinels); whether the Redis client takes them, and how to show them without their
-//! passwords.
+//! or the sentinels), and whether the Redis client takes them. A URL never holds a password:
+//! settings are readable by roles such as `pg_monitor`, so the password lives in a file
+//! (`outbox.redis_password_file`).
+
+use std::fmt;
 
 use redis::{ConnectionAddr, IntoConnectionInfo};
 
@@ -12,16 +15,37 @@ pub fn split(list: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Why a value of `outbox.redis_url` was refused. Its text never quotes the value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// A URL holds a password.
+    Password,
+    /// Anything else, said in words.
+    Invalid(String),
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::Password => f.write_str(
+                "A Redis URL holds no password: settings are readable by monitoring roles.",
+            ),
+            Refused::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
+const LOOKS_LIKE: &str =
+    "A Redis URL looks like redis://host:6379/0, redis://user@host or rediss://host.";
+
 /// Accepts what the Redis client accepts (`redis://`, `rediss://` for TLS, `unix://` or
-/// `redis+unix://` for a socket), one URL or several; says what is wrong otherwise. The URLs of
-/// a list must agree on TLS, user, password and database: the relay reaches every node of one
-/// deployment the same way.
-pub fn validate(list: &str) -> Result<(), String> {
+/// `redis+unix://` for a socket), one URL or several, without a password; says what is wrong
+/// otherwise. The URLs of a list must agree on TLS, user and database: the relay reaches every
+/// node of one deployment the same way.
+pub fn validate(list: &str) -> Result<(), Refused> {
     let urls = split(list);
     if urls.is_empty() {
-        return Err(
-            "A Redis URL looks like redis://:password@host:6379/0 or rediss://host.".to_string(),
-        );
+        return Err(Refused::Invalid(LOOKS_LIKE.to_string()));
     }
     // The URLs are named by their place in the list, never shown: a URL that does not parse
     // cannot be told apart into a password and the rest.
@@ -32,30 +56,29 @@ pub fn validate(list: &str) -> Result<(), String> {
             format!("URL {} of {}", n + 1, urls.len())
         }
     };
-    let mut first: Option<(bool, Option<String>, Option<String>, i64)> = None;
+    let mut first: Option<(bool, Option<String>, i64)> = None;
     for (n, url) in urls.iter().enumerate() {
-        let info = url.into_connection_info().map_err(|e| {
-            format!(
-                "{}: {e}. A Redis URL looks like redis://:password@host:6379/0 or rediss://host.",
-                place(n)
-            )
-        })?;
+        let info = url
+            .into_connection_info()
+            .map_err(|e| Refused::Invalid(format!("{}: {e}. {LOOKS_LIKE}", place(n))))?;
         let settings = info.redis_settings();
+        if settings.password().is_some() || socket_user_info(url) {
+            return Err(Refused::Password);
+        }
         let seen = (
             is_tls(info.addr()),
             settings.username().map(str::to_string),
-            settings.password().map(str::to_string),
             settings.db(),
         );
         match &first {
             None => first = Some(seen),
             Some(f) if *f == seen => {}
             Some(_) => {
-                return Err(format!(
-                    "{} differs from the first in its scheme, user, password or database; \
-                     the URLs of a list must agree on them.",
+                return Err(Refused::Invalid(format!(
+                    "{} differs from the first in its scheme, user or database; the URLs of a \
+                     list must agree on them.",
                     place(n)
-                ))
+                )))
             }
         }
     }
@@ -66,154 +89,18 @@ fn is_tls(addr: &ConnectionAddr) -> bool {
     matches!(addr, ConnectionAddr::TcpTls { .. })
 }
 
-/// The URLs with any password replaced by `***`, for logs and error messages.
-pub fn mask(list: &str) -> String {
-    list.split(',').map(mask_one).collect::<Vec<_>>().join(",")
-}
-
-fn mask_one(url: &str) -> String {
-    if url.trim().is_empty() {
-        return url.to_string();
-    }
-    let lead = url.len() - url.trim_start().len();
-    let (space, url) = url.split_at(lead);
-    // The scheme as the URL parser reads it: up to the first ':'. Without one nothing tells a
-    // password from a host: shown as nothing of it.
-    let scheme_len = url.bytes().take_while(|&b| is_scheme_byte(b)).count();
-    let (scheme, after) = url.split_at(scheme_len);
-    let Some(after) = after.strip_prefix(':').filter(|_| scheme_len > 0) else {
-        return format!("{space}(not a URL)");
+/// Whether a socket URL (`unix://`, `redis+unix://`) carries user information before its path:
+/// the client ignores it, but what is written there is meant as a password.
+fn socket_user_info(url: &str) -> bool {
+    let Some((scheme, rest)) = url.split_once(':') else {
+        return false;
     };
-    let (separator, rest) = match after.strip_prefix("//") {
-        Some(rest) => ("://", rest),
-        None => (":", after),
-    };
-    // A socket URL (`unix:///run/r.sock`, `unix:/run/r.sock`) gives its password in its query.
-    if is_socket_scheme(scheme.as_bytes()) {
-        let rest = mask_query(rest.as_bytes());
-        return format!(
-            "{space}{scheme}{separator}{}",
-            text(mask_socket_user_info(&rest))
-        );
+    let scheme = scheme.to_ascii_lowercase();
+    if !scheme.ends_with("unix") {
+        return false;
     }
-    if separator != "://" {
-        return format!("{space}(not a URL)");
-    }
-    // Up to the last '@': a password written with '/', '?' or '#' unescaped is masked whole.
-    let rest = mask_user_info(rest.as_bytes());
-    format!("{space}{scheme}://{}", text(mask_query(&rest)))
-}
-
-/// Whether a byte may be part of a URL's scheme: letters, digits, `+`, `-` and `.`.
-pub(crate) fn is_scheme_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')
-}
-
-/// Whether a scheme names a socket (`unix`, `redis+unix`, in any case).
-pub(crate) fn is_socket_scheme(scheme: &[u8]) -> bool {
-    const UNIX: &[u8] = b"unix";
-    scheme.len() >= UNIX.len() && scheme[scheme.len() - UNIX.len()..].eq_ignore_ascii_case(UNIX)
-}
-
-/// The part of a URL after `://` with what precedes its last `@` masked, a user name kept.
-pub(crate) fn mask_user_info(rest: &[u8]) -> Vec<u8> {
-    let Some(at) = rest.iter().rposition(|&b| b == b'@') else {
-        return rest.to_vec();
-    };
-    let mut out = match rest[..at].iter().position(|&b| b == b':') {
-        Some(colon) => [&rest[..colon], b":***"].concat(),
-        // `redis://secret@host` is read by Redis clients as a password alone.
-        None => b"***".to_vec(),
-    };
-    out.extend_from_slice(&rest[at..]);
-    out
-}
-
-/// A socket URL's user information masked: the Redis client ignores it, but a password typed
-/// there (`unix://:secret@/run/redis.sock`) is one still. What precedes the last `@` before the
-/// query is masked.
-pub(crate) fn mask_socket_user_info(rest: &[u8]) -> Vec<u8> {
-    // Up to the query, or to the last `@` before a host and the socket's path (which is
-    // absolute): a password may hold `?`.
-    let query = rest.iter().position(|&b| b == b'?').unwrap_or(rest.len());
-    let before_path = (0..rest.len())
-        .rev()
-        .filter(|&at| rest[at] == b'@')
-        .find(|&at| {
-            rest[at + 1..]
-                .iter()
-                .find(|b| matches!(b, b'/' | b'?' | b'#' | b'@'))
-                == Some(&b'/')
-        })
-        .map_or(0, |at| at + 1);
-    let end = query.max(before_path);
-    let mut out = mask_user_info(&rest[..end]);
-    out.extend_from_slice(&rest[end..]);
-    out
-}
-
-fn text(bytes: Vec<u8>) -> String {
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// The query's `pass` parameter masked, to the end: a socket URL
-/// (`unix:///run/redis.sock?pass=...`) gives its password there, and one with an unescaped `&`
-/// or `#` in it would show the rest.
-pub(crate) fn mask_query(rest: &[u8]) -> Vec<u8> {
-    let Some(question) = rest.iter().position(|&b| b == b'?') else {
-        return rest.to_vec();
-    };
-    let query = &rest[question + 1..];
-    let mut pair = 0;
-    while pair < query.len() {
-        let end = query[pair..]
-            .iter()
-            .position(|&b| b == b'&')
-            .map_or(query.len(), |p| pair + p);
-        if let Some(equals) = query[pair..end].iter().position(|&b| b == b'=') {
-            if percent_decoded(&query[pair..pair + equals]) == "pass" {
-                let value = question + 1 + pair + equals + 1;
-                return [&rest[..value], b"***"].concat();
-            }
-        }
-        pair = end + 1;
-    }
-    rest.to_vec()
-}
-
-/// A query key as the URL parser reads it: `%XX` escapes and `+` decoded.
-pub(crate) fn percent_decoded(bytes: &[u8]) -> String {
-    // The URL parser drops tabs and line breaks wherever they are.
-    let bytes: Vec<u8> = bytes
-        .iter()
-        .copied()
-        .filter(|b| !matches!(b, b'\t' | b'\n' | b'\r'))
-        .collect();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |at: usize| {
-            bytes
-                .get(at)
-                .and_then(|&b| (b as char).to_digit(16))
-                .map(|d| d as u8)
-        };
-        match (bytes[i], hex(i + 1), hex(i + 2)) {
-            (b'%', Some(high), Some(low)) => {
-                out.push(high << 4 | low);
-                i += 3;
-            }
-            (b'+', _, _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (byte, _, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    rest.contains('@')
 }
 
 #[cfg(test)]
@@ -221,23 +108,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn accepts_plain_tls_and_socket_urls() {
+    fn accepts_plain_tls_user_and_socket_urls() {
         assert!(validate("redis://127.0.0.1:6379").is_ok());
-        assert!(validate("redis://:pw@localhost:6380/2").is_ok());
-        assert!(validate("rediss://user:pw@redis.example.com").is_ok());
+        assert!(validate("redis://relay@localhost:6380/2").is_ok());
+        assert!(validate("rediss://redis.example.com").is_ok());
         assert!(validate("unix:///run/redis.sock").is_ok());
+        assert!(validate("unix:///run/redis.sock?db=2").is_ok());
     }
 
     #[test]
     fn rejects_other_schemes_and_missing_hosts() {
-        assert!(validate("http://127.0.0.1:6379").is_err());
-        assert!(validate("127.0.0.1:6379").is_err());
-        assert!(validate("redis://").is_err());
-        assert!(validate("redis://:pw@").is_err());
-        assert!(validate("redis://:6379").is_err());
-        assert!(validate("redis://h/notadb").is_err());
-        assert!(validate("").is_err());
-        assert!(validate(" , ").is_err());
+        for list in [
+            "http://127.0.0.1:6379",
+            "127.0.0.1:6379",
+            "redis://",
+            "redis://:6379",
+            "redis://h/notadb",
+            "",
+            " , ",
+        ] {
+            assert!(matches!(validate(list), Err(Refused::Invalid(_))), "{list}");
+        }
+    }
+
+    #[test]
+    fn refuses_every_way_of_writing_a_password() {
+        for list in [
+            "redis://:pw@localhost:6380/2",
+            "rediss://user:pw@redis.example.com",
+            "redis://a:1,redis://:pw@b:2",
+            "unix:///run/redis.sock?db=0&pass=pw",
+            "redis+unix:///run/redis.sock?pass=pw",
+        ] {
+            assert_eq!(validate(list), Err(Refused::Password), "{list}");
+        }
+        // User information in a socket URL, which the client ignores: refused all the same.
+        for list in [
+            "unix://:pw@/run/redis.sock",
+            "unix://u:pw@localhost/run/redis.sock",
+        ] {
+            assert!(validate(list).is_err(), "{list}");
+        }
     }
 
     #[test]
@@ -249,77 +160,27 @@ mod tests {
             "redis//:s3cret@h",
             "redis://:a@h:1,redis://:s3cret@h:2",
         ] {
-            let why = validate(list).expect_err(list);
+            let why = validate(list).expect_err(list).to_string();
             assert!(!why.contains("s3cret"), "{list}: {why}");
             assert!(why.contains("URL"), "{list}: {why}");
         }
-        let why = validate("redis://:a@h:1,redis://:b@h:2").unwrap_err();
-        assert!(why.starts_with("URL 2 of 2 differs"), "{why}");
+        let why = validate("redis://a@h:1,redis://b@h:2").unwrap_err();
+        assert!(why.to_string().starts_with("URL 2 of 2 differs"), "{why}");
     }
 
     #[test]
     fn accepts_lists_that_agree_and_rejects_those_that_do_not() {
-        assert!(validate("redis://:pw@a:7000, redis://:pw@b:7001,redis://:pw@c:7002").is_ok());
+        assert!(validate("redis://u@a:7000, redis://u@b:7001,redis://u@c:7002").is_ok());
         assert_eq!(
             split(" redis://a:1 ,, redis://b:2 "),
             ["redis://a:1", "redis://b:2"]
         );
         let mixed_tls = validate("rediss://a:1,redis://b:2").unwrap_err();
-        assert!(mixed_tls.starts_with("URL 2 of 2"), "{mixed_tls}");
-        let other_password = validate("redis://:one@a:1,redis://:two@b:2").unwrap_err();
-        assert!(!other_password.contains("two"), "{other_password}");
+        assert!(
+            mixed_tls.to_string().starts_with("URL 2 of 2"),
+            "{mixed_tls}"
+        );
         assert!(validate("redis://a:1/0,redis://b:2/3").is_err());
         assert!(validate("redis://a:1,http://b:2").is_err());
-    }
-
-    #[test]
-    fn masks_passwords_only() {
-        assert_eq!(mask("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(mask("redis://:s3cret@h:1/0"), "redis://:***@h:1/0");
-        assert_eq!(mask("rediss://app:s3cret@h"), "rediss://app:***@h");
-        assert_eq!(mask("redis://s3cret@h"), "redis://***@h");
-        assert_eq!(mask("redis://:p@ss@word@h/0"), "redis://:***@h/0");
-        assert!(!mask("redis://u:pa%40ss@h").contains("pa%40ss"));
-        assert_eq!(
-            mask("redis://:a@h:1, redis://:b@h:2"),
-            "redis://:***@h:1, redis://:***@h:2"
-        );
-        assert_eq!(mask("redis://h:1,"), "redis://h:1,");
-        assert_eq!(mask("redis://:pa/ss?w#d@h:1/0"), "redis://:***@h:1/0");
-        // A socket URL's password is in its query.
-        assert_eq!(
-            mask("unix:///run/redis.sock?db=2&pass=s3cret&user=app"),
-            "unix:///run/redis.sock?db=2&pass=***"
-        );
-        assert_eq!(
-            mask("redis+unix:///s?p%61ss=s3cret#x"),
-            "redis+unix:///s?p%61ss=***"
-        );
-        assert!(!mask("unix:///s?pass=a@s3cret").contains("s3cret"));
-        assert!(!mask("redis://:x?pass=y@h").contains('x'));
-        assert_eq!(mask("unix:///s?db=1"), "unix:///s?db=1");
-        // The scheme in capitals, a tab in the key: the client reads both as a socket's password.
-        assert!(!mask("REDIS+UNIX:///run/redis.sock?pass=a@s3cret").contains("s3cret"));
-        assert!(!mask("unix:///s?pa\tss=s3cret").contains("s3cret"));
-        // Written without `//`, with a `://` or an unescaped `&` or `#` in the password.
-        assert_eq!(
-            mask("unix:/run/r.sock?pass=ab://s3cret"),
-            "unix:/run/r.sock?pass=***"
-        );
-        assert!(!mask("unix:///s?pass=ab&s3cret").contains("s3cret"));
-        assert!(!mask("unix:///s?pass=ab#s3cret").contains("s3cret"));
-        assert_eq!(mask("redis//h"), "(not a URL)");
-        // The client ignores a socket URL's user information; a password there is masked.
-        assert_eq!(
-            mask("unix://:s3cret@/run/r.sock?db=1"),
-            "unix://:***@/run/r.sock?db=1"
-        );
-        assert!(!mask("unix://:s3?cret@localhost/run/r.sock").contains("cret"));
-    }
-
-    #[test]
-    fn masks_what_is_not_a_url_whole() {
-        assert_eq!(mask("redis//:s3cret@h"), "(not a URL)");
-        assert_eq!(mask("redis://h:1,x:s3cret@y"), "redis://h:1,(not a URL)");
     }
 }

@@ -1,15 +1,14 @@
 //! The utility hook, in every backend of a server that preloads the extension: what some
 //! statements need of the relay. A `DROP DATABASE` or a rename of a database the relay works in
 //! first has its workers leave (`step_aside.rs`); a `COMMIT PREPARED` wakes the relay at its
-//! commit, as the commit of a transaction that enqueued does (`wake.rs`). A statement that sets
-//! the Redis URL shows in `pg_stat_activity` without its password (`log_mask.rs`).
+//! commit, as the commit of a transaction that enqueued does (`wake.rs`).
 
 use std::sync::OnceLock;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::{log_mask, step_aside, wake};
+use crate::{step_aside, wake};
 
 static PREVIOUS: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
 
@@ -39,10 +38,6 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: PostgreSQL passes a valid statement; the hook chain is called as it was given.
     unsafe {
         let node = (*pstmt).utilityStmt;
-        log_mask::mask_activity(
-            query_string,
-            context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL,
-        );
         let stepped = step_aside::before(node);
         if wake::commits_prepared(node) && wake::database_is_relayed() {
             wake::wake_relay_at_commit_anywhere();

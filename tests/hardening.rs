@@ -8,7 +8,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use common::{enqueue_many, sqlstate, wait_until, Client, Pg, Redis};
+use common::{enqueue_many, password_file, sqlstate, wait_until, Client, Pg, Redis};
 
 // ---------------------------------------------------------------------------------------------
 // Shared set-up
@@ -602,10 +602,10 @@ fn ids_of(events: &[(i64, String)]) -> Vec<i64> {
     events.iter().map(|(id, _)| *id).collect()
 }
 
-/// A Redis whose `relay` user may do everything but `HDEL`, and that user's URL: the markers
-/// of every batch stay behind, as those of a relay stopped right after it published (the relay
-/// deletes a committed batch's markers moments later).
-fn redis_keeping_markers() -> (Redis, String) {
+/// A Redis whose `relay` user may do everything but `HDEL`, that user's URL and password file:
+/// the markers of every batch stay behind, as those of a relay stopped right after it published
+/// (the relay deletes a committed batch's markers moments later).
+fn redis_keeping_markers() -> (Redis, String, String) {
     let redis = Redis::start();
     redis::cmd("ACL")
         .arg("SETUSER")
@@ -617,8 +617,8 @@ fn redis_keeping_markers() -> (Redis, String) {
         .arg("-hdel")
         .query::<()>(&mut redis.conn())
         .unwrap();
-    let url = format!("redis://relay:pw@127.0.0.1:{}", redis.port);
-    (redis, url)
+    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
+    (redis, url, password_file("pw"))
 }
 
 /// Publishes a first generation of five events (ids 1 to 5) and checks that the markers of
@@ -693,8 +693,12 @@ fn assert_both_generations_published(
 /// left in Redis), runs `reuse` to give the next events the same ids, and checks that the second
 /// generation is published too.
 fn ids_used_again_after(reuse: &str) {
-    let (redis, url) = redis_keeping_markers();
-    let pg = Pg::start(&[("outbox.redis_url", &url), ("outbox.poll_interval", "1h")]);
+    let (redis, url, file) = redis_keeping_markers();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", &url),
+        ("outbox.redis_password_file", &file),
+        ("outbox.poll_interval", "1h"),
+    ]);
     pg.with_extension();
     pg.wait_for_workers(1);
     let first = publish_first_generation(&pg, &redis);
@@ -724,9 +728,10 @@ fn ids_used_again_after_setval_are_published() {
 /// while the markers of the lost ones are in Redis.
 #[test]
 fn ids_used_again_after_restoring_a_base_backup_are_published() {
-    let (redis, url) = redis_keeping_markers();
+    let (redis, url, file) = redis_keeping_markers();
     let settings = [
         ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_password_file", file.as_str()),
         ("outbox.poll_interval", "1h"),
     ];
     let pg = Pg::start(&settings);
@@ -1006,9 +1011,11 @@ fn a_redis_user_without_scripting_holds_events_back_uncharged() {
         .arg("-@scripting")
         .query::<()>(&mut redis.conn())
         .unwrap();
-    let url = format!("redis://relay:pw@127.0.0.1:{}", redis.port);
+    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
+    let file = password_file("pw");
     let mut pg = Pg::start(&[
         ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_password_file", file.as_str()),
         ("outbox.stream_prefix", "app:"),
         ("outbox.dedupe", "off"),
         ("outbox.poll_interval", "100ms"),
@@ -1096,9 +1103,11 @@ fn the_readme_minimal_redis_user_publishes_with_and_without_dedupe() {
         acl.arg(rule);
     }
     acl.query::<()>(&mut redis.conn()).unwrap();
-    let url = format!("redis://relay:pw@127.0.0.1:{}", redis.port);
+    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
+    let file = password_file("pw");
     let mut pg = Pg::start(&[
         ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_password_file", file.as_str()),
         ("outbox.stream_prefix", "app:"),
         ("outbox.poll_interval", "100ms"),
     ]);

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{enqueue_many, wait_until, Client, Pg, Redis};
+use common::{enqueue_many, password_file, sqlstate, wait_until, Client, Pg, Redis};
 
 fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
     client.query_one(sql, &[]).unwrap().get(0)
@@ -376,246 +376,177 @@ fn dump_and_restore_keep_events_dead_letters_and_ids() {
     );
 }
 
+/// The state and last error of the only relay worker.
+fn worker_state(pg: &Pg) -> (String, Option<String>) {
+    let rows = pg.query_retrying("SELECT state, last_error FROM outbox_workers");
+    (rows[0].get(0), rows[0].get(1))
+}
+
+/// The password lives in a file that the relay reads when it connects: a monitoring role sees
+/// the URL and the file's name, never the password, and neither does the server log.
 #[test]
-fn the_redis_password_stays_secret() {
+fn the_redis_password_is_read_from_a_file_and_shown_nowhere() {
     let redis = Redis::start_with_password(Some("right-horse-battery"));
-    let wrong = format!("redis://:wrong-staple-s3cret@127.0.0.1:{}", redis.port);
+    let file = password_file("wrong-staple-s3cret");
+    let url = redis.relay_url();
     let pg = Pg::start(&[
-        ("outbox.redis_url", wrong.as_str()),
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_password_file", file.as_str()),
         ("outbox.redis_timeout", "1s"),
     ]);
     let mut admin = pg.with_extension();
     pg.wait_for_workers(1);
     enqueue_many(&mut admin, "secret", 3);
     assert!(wait_until(Duration::from_secs(10), || {
-        one::<String>(&mut pg.connect(), "SELECT state FROM outbox_workers") == "backoff"
+        worker_state(&pg).0 == "backoff"
     }));
-    let error: String = one(&mut admin, "SELECT last_error FROM outbox_workers");
+    let error = worker_state(&pg).1.unwrap_or_default();
     assert!(
-        error.to_lowercase().contains("authentication failed"),
+        error.to_lowercase().contains("password") || error.contains("WRONGPASS"),
         "{error}"
     );
     assert!(!error.contains("wrong-staple-s3cret"), "{error}");
-    let log = pg.log();
-    assert!(
-        log.contains("redis_url=redis://:***@127.0.0.1"),
-        "the start-up line shows the masked URL"
-    );
-    assert!(
-        !log.contains("wrong-staple-s3cret"),
-        "the password reached the server log:\n{log}"
-    );
 
-    // A superuser sees the setting; nobody else does.
-    let shown: String = one(&mut admin, "SHOW outbox.redis_url");
-    assert_eq!(shown, wrong);
-    admin.batch_execute("CREATE ROLE watcher LOGIN").unwrap();
-    let mut watcher = pg.connect();
-    watcher.batch_execute("SET ROLE watcher").unwrap();
-    let error = watcher.batch_execute("SHOW outbox.redis_url").unwrap_err();
-    assert_eq!(error.code().map(|c| c.code()), Some("42501"), "{error:?}");
-    let listed: i64 = one(
-        &mut watcher,
-        "SELECT count(*) FROM pg_settings WHERE name = 'outbox.redis_url'",
-    );
-    assert_eq!(listed, 0);
-
-    // With the right password the backlog goes out.
-    let mut pg = pg;
-    let right = redis.url();
-    pg.set(&[("outbox.redis_url", right.as_str())]);
-    assert!(wait_until(Duration::from_secs(20), || redis.xlen("secret") == 3));
-}
-
-/// A socket URL gives its password in its query (`?pass=`): the workers' log lines and
-/// `last_error`, which any role can read in `outbox_workers`, show it masked.
-#[test]
-fn a_socket_urls_password_stays_secret() {
-    let pg = Pg::start(&[
-        (
-            "outbox.redis_url",
-            "unix:///nonexistent/redis.sock?db=0&pass=socket-s3cret",
-        ),
-        ("outbox.redis_timeout", "1s"),
-    ]);
-    let mut admin = pg.with_extension();
-    pg.wait_for_workers(1);
-    enqueue_many(&mut admin, "secret", 1);
-    assert!(wait_until(Duration::from_secs(10), || {
-        one::<String>(&mut pg.connect(), "SELECT state FROM outbox_workers") == "backoff"
-    }));
-    let error: String = one(&mut admin, "SELECT last_error FROM outbox_workers");
-    assert!(error.contains("pass=***"), "{error}");
-    assert!(!error.contains("socket-s3cret"), "{error}");
-    let log = pg.log();
-    // The worker's own lines, masked by it, are left whole by the log hook.
-    assert!(
-        log.contains("redis.sock?db=0&pass=*** redis_mode=standalone batch_size="),
-        "{log}"
-    );
-    assert!(
-        log.contains("redis.sock?db=0&pass=***: cannot connect to unix:///nonexistent/"),
-        "{log}"
-    );
-    assert!(
-        !log.contains("socket-s3cret"),
-        "the password reached the server log:\n{log}"
-    );
-}
-
-/// A value of `outbox.redis_url` that its check refuses at a reload is logged by PostgreSQL;
-/// the log names the URL at fault by its place in the list and shows nothing of it.
-#[test]
-fn a_refused_redis_url_reaches_the_log_without_its_password() {
-    let mut pg = Pg::start(&[("outbox.workers", "0")]);
-    let refused = [
-        // URLs that disagree on their password.
-        "redis://:first-s3cret@127.0.0.1:1,redis://:second-s3cret@127.0.0.1:2",
-        // A port out of range.
-        "redis://:port-s3cret@127.0.0.1:99999",
-        // No scheme: nothing tells a password from a host.
-        "redis//:scheme-s3cret@127.0.0.1",
-        "127.0.0.1:6379,x:bare-s3cret@y",
-        // Characters a password needs escaped: written as they are, the URL does not parse.
-        "redis://:pa/ss-s3cret@127.0.0.1:6379",
-        "redis://:pa,ss-s3cret@127.0.0.1:6379",
-    ];
-    for (done, value) in refused.iter().enumerate() {
-        pg.set(&[("outbox.redis_url", value)]);
-        assert!(
-            wait_until(Duration::from_secs(10), || {
-                pg.log().matches("contains errors").count() > done
-            }),
-            "the reload with {value} was not refused:\n{}",
-            pg.log()
-        );
-    }
-    let log = pg.log();
-    assert_eq!(
-        log.matches("invalid value for parameter \"outbox.redis_url\"")
-            .count(),
-        refused.len(),
-        "{log}"
-    );
-    assert!(log.contains("URL 2 of 2 differs from the first"), "{log}");
-    assert!(
-        !log.contains("s3cret"),
-        "a password reached the server log:\n{log}"
-    );
-}
-
-/// PostgreSQL writes the setting's value to its log itself: a reload logs the new value, and
-/// `log_statement` or a refused statement shows the statement that set it. The password is
-/// masked in each, and the relay goes on with the new URL.
-#[test]
-fn a_redis_url_set_by_hand_reaches_the_log_masked() {
-    let redis = Redis::start_with_password(Some("horse-s3cret"));
-    let pg = Pg::start(&[
-        ("outbox.redis_url", "redis://127.0.0.1:1"),
-        ("outbox.redis_timeout", "1s"),
-    ]);
-    let mut admin = pg.with_extension();
-    pg.wait_for_workers(1);
-    let url = format!("redis://default:horse-s3cret@127.0.0.1:{}", redis.port);
-    admin.batch_execute("SET log_statement = 'ddl'").unwrap();
+    // What pg_monitor (and so pg_read_all_settings) reads: the URL and the file's name.
     admin
-        .batch_execute(&format!("ALTER SYSTEM SET outbox.redis_url = '{url}'"))
-        .unwrap();
-    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
-    // Refused (the setting changes only at a reload), with the statement in the log.
-    let refused = admin
-        .batch_execute(&format!("SET outbox.redis_url = '{url}'"))
-        .unwrap_err();
-    assert_eq!(
-        refused.code().map(|c| c.code()),
-        Some("55P02"),
-        "{refused:?}"
-    );
-    let refused = admin
-        .batch_execute(
-            "SELECT set_config('OUTBOX.REDIS_URL', 'unix:///s.sock?pass=sock-s3cret', false)",
-        )
-        .unwrap_err();
-    assert_eq!(
-        refused.code().map(|c| c.code()),
-        Some("55P02"),
-        "{refused:?}"
-    );
-    // Under a mistyped name, refused: the URL is still masked.
-    admin
-        .batch_execute("SET outbox.redis_uri = 'redis://:typo-s3cret@127.0.0.1:1'")
-        .unwrap_err();
-    // The value as a parameter: the log shows it in the statement's DETAIL, the name elsewhere.
-    admin.batch_execute("SET log_statement = 'all'").unwrap();
-    let refused = admin
-        .execute("SELECT set_config('outbox.redis_url', $1, false)", &[&url])
-        .unwrap_err();
-    assert_eq!(
-        refused.code().map(|c| c.code()),
-        Some("55P02"),
-        "{refused:?}"
-    );
-    admin.batch_execute("SET log_statement = 'ddl'").unwrap();
-    enqueue_many(&mut admin, "by-hand", 3);
-    assert!(
-        wait_until(Duration::from_secs(20), || redis.xlen("by-hand") == 3),
-        "the relay did not take the new URL:\n{}",
-        pg.log()
-    );
-    // Back to the file's value, so that the server's last log lines name no secret either.
-    admin
-        .batch_execute("ALTER SYSTEM RESET outbox.redis_url")
-        .unwrap();
-    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
-    let masked = format!("redis://default:***@127.0.0.1:{}", redis.port);
-    let log = pg.log();
-    for expected in [
-        format!("parameter \"outbox.redis_url\" changed to \"{masked}\""),
-        format!("statement: ALTER SYSTEM SET outbox.redis_url = '{masked}'"),
-        format!("STATEMENT:  SET outbox.redis_url = '{masked}'"),
-        "STATEMENT:  SELECT set_config('OUTBOX.REDIS_URL', 'unix:///s.sock?pass=***', false)\n"
-            .to_string(),
-        "STATEMENT:  SET outbox.redis_uri = 'redis://:***@127.0.0.1:1'".to_string(),
-        // "Parameters:" from PostgreSQL 18 on.
-        format!("arameters: $1 = '{masked}'"),
-    ] {
-        assert!(
-            log.contains(&expected),
-            "no {expected:?} in the log:\n{log}"
-        );
-    }
-    assert!(
-        !log.contains("s3cret"),
-        "a password reached the server log:\n{log}"
-    );
-}
-
-/// A statement's text stays in `pg_stat_activity` after it ends, where a monitoring role with
-/// `pg_read_all_stats` (as in `pg_monitor`) reads it: one that sets the Redis URL shows there
-/// with the password masked.
-#[test]
-fn a_redis_url_set_by_hand_shows_masked_in_pg_stat_activity() {
-    let pg = Pg::start(&[("outbox.workers", "0")]);
-    let mut admin = pg.with_extension();
-    admin
-        .batch_execute("CREATE ROLE watcher LOGIN; GRANT pg_read_all_stats TO watcher")
-        .unwrap();
-    let pid: i32 = one(&mut admin, "SELECT pg_backend_pid()");
-    admin
-        .batch_execute("ALTER SYSTEM SET outbox.redis_url = 'redis://app:act-s3cret@127.0.0.1:1'")
+        .batch_execute("CREATE ROLE watcher LOGIN; GRANT pg_monitor TO watcher")
         .unwrap();
     let mut watcher = pg.connect_as("postgres", "watcher");
-    let shown: String = watcher
-        .query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid])
-        .unwrap()
-        .get(0);
+    assert_eq!(one::<String>(&mut watcher, "SHOW outbox.redis_url"), url);
     assert_eq!(
-        shown,
-        "ALTER SYSTEM SET outbox.redis_url = 'redis://app:***@127.0.0.1:1'"
+        one::<String>(&mut watcher, "SHOW outbox.redis_password_file"),
+        file
     );
-    admin
-        .batch_execute("ALTER SYSTEM RESET outbox.redis_url")
-        .unwrap();
+    let settings: String = one(
+        &mut watcher,
+        "SELECT string_agg(name || '=' || setting, ' ') FROM pg_settings WHERE name LIKE 'outbox.%'",
+    );
+    assert!(!settings.contains("s3cret"), "{settings}");
+
+    // The file is read again at the next connection: with the right password the backlog goes
+    // out, without a reload.
+    std::fs::write(&file, "right-horse-battery\n").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("secret") == 3),
+        "the relay did not read the password file again: {:?}",
+        worker_state(&pg)
+    );
+    let log = pg.log();
+    assert!(
+        log.contains(&format!("redis_password_file='{file}'")),
+        "the start-up line names the file:\n{log}"
+    );
+    for password in ["wrong-staple-s3cret", "right-horse-battery"] {
+        assert!(
+            !log.contains(password),
+            "the password reached the server log:\n{log}"
+        );
+    }
+}
+
+/// A password written into `outbox.redis_url` is refused wherever it comes from: `ALTER
+/// SYSTEM` fails with 22023 and a hint, and a configuration file that holds one starts the
+/// server, but the relay waits and says why rather than publish to the URL kept before.
+#[test]
+fn a_password_in_the_redis_url_is_refused() {
+    let redis = Redis::start();
+    let mut pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut admin = pg.with_extension();
+    pg.wait_for_workers(1);
+    enqueue_many(&mut admin, "before", 1);
+    assert!(wait_until(Duration::from_secs(20), || redis.xlen("before") == 1));
+
+    let with_password = format!("redis://:url-s3cret@127.0.0.1:{}", redis.port);
+    let error = admin
+        .batch_execute(&format!(
+            "ALTER SYSTEM SET outbox.redis_url = '{with_password}'"
+        ))
+        .unwrap_err();
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "22023", "{error:?}");
+    assert!(!db.message().contains("s3cret"), "{}", db.message());
+    assert!(
+        db.hint()
+            .is_some_and(|h| h.contains("outbox.redis_password_file")),
+        "{:?}",
+        db.hint()
+    );
+    let socket = "unix:///run/redis.sock?pass=url-s3cret";
+    let error = admin
+        .batch_execute(&format!("ALTER SYSTEM SET outbox.redis_url = '{socket}'"))
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "22023", "{error:?}");
+
+    // In the configuration file, at a reload: the relay keeps nothing of it and waits.
+    pg.set(&[("outbox.redis_url", with_password.as_str())]);
+    enqueue_many(&mut admin, "refused", 2);
+    assert!(
+        wait_until(Duration::from_secs(20), || worker_state(&pg).0 == "backoff"),
+        "the relay did not stop at a refused URL: {:?}",
+        worker_state(&pg)
+    );
+    let error = worker_state(&pg).1.unwrap_or_default();
+    assert!(error.contains("outbox.redis_password_file"), "{error}");
+    // And at a restart, the server starts all the same.
+    pg.restart();
+    pg.wait_for_workers(1);
+    assert!(
+        wait_until(Duration::from_secs(20), || worker_state(&pg).0 == "backoff"),
+        "after a restart the relay did not wait at a refused URL: {:?}",
+        worker_state(&pg)
+    );
+    let error = worker_state(&pg).1.unwrap_or_default();
+    assert!(error.contains("outbox.redis_password_file"), "{error}");
+    assert_eq!(redis.xlen("refused"), 0, "published with a refused URL");
+    let log = pg.log();
+    assert!(
+        log.contains("invalid value for parameter \"outbox.redis_url\""),
+        "{log}"
+    );
+    // Only the refused statements, as typed, show it: no line of the relay or of a reload.
+    let leaks: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("s3cret") && !l.contains("STATEMENT:  ALTER SYSTEM"))
+        .collect();
+    assert!(leaks.is_empty(), "the password reached the log: {leaks:#?}");
+
+    // Without the password, the relay goes on.
+    let url = redis.relay_url();
+    pg.set(&[("outbox.redis_url", url.as_str())]);
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("refused") == 2),
+        "the relay did not resume: {:?}",
+        worker_state(&pg)
+    );
+}
+
+/// A password file that other users could read is refused, as PostgreSQL refuses such a
+/// `ssl_key_file`; made private, it is used at the next try.
+#[test]
+fn a_password_file_others_can_read_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let redis = Redis::start_with_password(Some("open-s3cret"));
+    let pg = Pg::relaying_to(&redis, &[("outbox.redis_timeout", "1s")]);
+    let file: String = one(&mut pg.connect(), "SHOW outbox.redis_password_file");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut admin = pg.with_extension();
+    pg.wait_for_workers(1);
+    enqueue_many(&mut admin, "guarded", 2);
+    assert!(wait_until(Duration::from_secs(20), || {
+        worker_state(&pg).0 == "backoff"
+    }));
+    let error = worker_state(&pg).1.unwrap_or_default();
+    assert!(
+        error.contains("outbox.redis_password_file") && error.contains("0644"),
+        "{error}"
+    );
+    assert!(pg.log().contains("group or world access"), "{}", pg.log());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen("guarded") == 2),
+        "{:?}",
+        worker_state(&pg)
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::topology::{tls_conn, tls_server, Certificates, Cluster, Sentinels};
-use common::{enqueue_many, kill_between_publish_and_mark, wait_until, Client, Pg};
+use common::{enqueue_many, kill_between_publish_and_mark, password_file, wait_until, Client, Pg};
 
 /// The state and last error of the only relay worker.
 fn worker_state(pg: &Pg) -> (String, Option<String>) {
@@ -414,11 +414,13 @@ fn the_readme_minimal_cluster_user_publishes_with_and_without_dedupe() {
     let urls: Vec<String> = cluster
         .nodes
         .iter()
-        .map(|n| format!("redis://relay:pw@127.0.0.1:{}", n.port))
+        .map(|n| format!("redis://relay@127.0.0.1:{}", n.port))
         .collect();
     let urls = urls.join(",");
+    let file = password_file("pw");
     let mut pg = Pg::start(&[
         ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_password_file", file.as_str()),
         ("outbox.redis_mode", "cluster"),
         ("outbox.redis_wait_replicas", "1"),
         ("outbox.stream_prefix", "app:"),
@@ -488,6 +490,48 @@ fn on_a_cluster_markers_absorb_the_batches_of_killed_workers() {
 /// A primary demoted under the relay (`SENTINEL FAILOVER`) answers its writes with READONLY:
 /// the relay asks the sentinels again and goes on with the new primary, and no event is charged
 /// for it.
+/// Sentinels that require a password of their own, in front of a primary that requires
+/// another: the relay reads each from its file (`outbox.redis_sentinel_password_file`,
+/// `outbox.redis_password_file`), and without the sentinels' it says it cannot ask them.
+#[test]
+fn sentinels_and_their_primary_take_passwords_from_files() {
+    let sentinels = Sentinels::start_secured(Some("primary-s3cret"), Some("sentinel-s3cret"));
+    let urls = sentinels.urls();
+    let primary_file = password_file("primary-s3cret");
+    let mut pg = Pg::start(&[
+        ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_mode", "sentinel"),
+        ("outbox.redis_sentinel_master", Sentinels::MASTER),
+        ("outbox.redis_password_file", primary_file.as_str()),
+        ("outbox.redis_timeout", "1s"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let ids = enqueue_many(&mut client, "guarded", 5);
+    assert!(
+        wait_until(Duration::from_secs(20), || worker_state(&pg).0 == "backoff"),
+        "{:?}",
+        worker_state(&pg)
+    );
+    let error = worker_state(&pg).1.unwrap_or_default();
+    assert!(error.contains("sentinel"), "{error}");
+    assert_eq!(sentinels.primary.ids("guarded"), Vec::<i64>::new());
+
+    let sentinel_file = password_file("sentinel-s3cret");
+    pg.set(&[(
+        "outbox.redis_sentinel_password_file",
+        sentinel_file.as_str(),
+    )]);
+    assert!(
+        wait_until(Duration::from_secs(30), || sentinels.primary.ids("guarded")
+            == ids),
+        "{:?}",
+        worker_state(&pg)
+    );
+    assert!(!pg.log().contains("s3cret"), "{}", pg.log());
+}
+
 #[test]
 fn a_demoted_primary_sends_the_relay_back_to_the_sentinels() {
     let redis = Sentinels::start();

@@ -18,9 +18,9 @@ use super::publish::{Interrupted, Reply};
 use super::retry::DueLook;
 use super::worker::{self, End};
 use super::{backoff, encode, retry, spare, Pass, Relay};
+use crate::lane;
 use crate::ring;
 use crate::shmem::WorkerState;
-use crate::{lane, log_mask, redis_url};
 
 /// How often the relay moves due delayed events into `outbox`, at most (and at least twice per
 /// `outbox.poll_interval`); at once again while a move finds a full batch.
@@ -147,13 +147,11 @@ impl Relay {
                 Reply::Unavailable(error) => return self.lost_redis(error),
             };
             if self.backoff.reset() {
-                log_mask::written_masked(|| {
-                    log!(
-                        "outbox relay {}: Redis at {} is reachable again",
-                        self.index,
-                        redis_url::mask(&self.settings.target.url)
-                    );
-                });
+                log!(
+                    "outbox relay {}: Redis at {} is reachable again",
+                    self.index,
+                    self.settings.target.url
+                );
                 self.slot.set_error(None, worker::now());
             }
             // Failed ones included: a later time than their rows' marks only delays emptying.
@@ -341,14 +339,12 @@ impl Relay {
     /// Redis could not be used: the transaction rolls back, and the worker backs off.
     fn lost_redis(&mut self, error: String) -> Batch {
         if !self.backoff.is_failing() {
-            log_mask::written_masked(|| {
-                warning!(
-                    "outbox relay {}: lost Redis at {}: {error}; retrying with backoff up to {}s",
-                    self.index,
-                    redis_url::mask(&self.settings.target.url),
-                    backoff::CAP.as_secs()
-                );
-            });
+            warning!(
+                "outbox relay {}: lost Redis at {}: {error}; retrying with backoff up to {}s",
+                self.index,
+                self.settings.target.url,
+                backoff::CAP.as_secs()
+            );
         }
         self.slot.set_error(Some(&error), worker::now());
         Batch {

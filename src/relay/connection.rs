@@ -5,7 +5,6 @@
 use super::link::{self, describe, Link};
 use super::pipeline::{self, Answer, Chunk, ScriptCall, DEDUPE_SCRIPT};
 use super::publish::Target;
-use crate::redis_url;
 
 /// A link to Redis, and what it was opened for.
 pub struct Connection {
@@ -24,6 +23,9 @@ fn same_link(old: &Target, new: &Target) -> bool {
         && old.mode == new.mode
         && old.sentinel_master == new.sentinel_master
         && old.tls == new.tls
+        && old.password_file == new.password_file
+        && old.sentinel_password_file == new.sentinel_password_file
+        && old.url_refused == new.url_refused
         && old.timeout == new.timeout
         && (old.wait_replicas > 0) == (new.wait_replicas > 0)
 }
@@ -132,12 +134,11 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
     let reusable = matches!(slot, Some(c) if same_link(&c.opened_for, target));
     if !reusable {
         *slot = None;
-        let connection = connect(target).map_err(|e| {
-            Failed::Refused(format!(
-                "cannot connect to {}: {e}",
-                redis_url::mask(&target.url)
-            ))
-        })?;
+        if let Some(why) = target.url_refused {
+            return Err(Failed::Refused(why.to_string()));
+        }
+        let connection = connect(target)
+            .map_err(|e| Failed::Refused(format!("cannot connect to {}: {e}", target.url)))?;
         *slot = Some(connection);
     }
     let Some(connection) = slot.as_mut() else {

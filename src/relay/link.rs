@@ -17,6 +17,7 @@ use redis::{
     ServerError, TlsCertificates, TlsMode, Value,
 };
 
+use super::password_file;
 use super::publish::{Target, TlsFiles};
 use crate::gucs::RedisMode;
 use crate::redis_url;
@@ -54,6 +55,7 @@ fn resend(connection: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, RedisE
 /// cluster, so that a cluster still missing a primary reads as unavailable.
 pub fn open(target: &Target) -> Result<Link, String> {
     let certificates = certificates(&target.tls)?;
+    let password = password_file::read("outbox.redis_password_file", &target.password_file)?;
     // A WAIT may block for the whole timeout: the socket gives it that much more.
     let read_timeout = if target.wait_replicas > 0 {
         target.timeout * 2
@@ -73,15 +75,20 @@ pub fn open(target: &Target) -> Result<Link, String> {
                     urls.len()
                 ));
             }
+            let mut info = first.into_connection_info().map_err(|e| describe(&e))?;
+            if let Some(password) = &password {
+                let settings = info.redis_settings().clone().set_password(password);
+                info = info.set_redis_settings(settings);
+            }
             let client = match certificates {
-                Some(certificates) => Client::build_with_tls(first, certificates),
-                None => Client::open(first),
+                Some(certificates) => Client::build_with_tls(info, certificates),
+                None => Client::open(info),
             }
             .map_err(|e| describe(&e))?;
             node(&client, target.timeout, read_timeout)
         }
         RedisMode::Sentinel => {
-            let client = primary_from_sentinels(target, &urls, certificates)?;
+            let client = primary_from_sentinels(target, &urls, certificates, password)?;
             node(&client, target.timeout, read_timeout)
         }
         RedisMode::Cluster => {
@@ -95,6 +102,9 @@ pub fn open(target: &Target) -> Result<Link, String> {
                 .max_retry_wait(500);
             if let Some(certificates) = certificates {
                 builder = builder.certs(certificates);
+            }
+            if let Some(password) = password {
+                builder = builder.password(password);
             }
             let mut connection = builder
                 .build()
@@ -131,12 +141,14 @@ fn node(client: &Client, timeout: Duration, read_timeout: Duration) -> Result<Li
 }
 
 /// Asks the sentinels for the primary of `outbox.redis_sentinel_master`. The URLs name the
-/// sentinels; their user, password and database are the primary's (sentinels are asked without
-/// credentials), and `rediss://` means TLS to both.
+/// sentinels; their user and database are the primary's, `password` is the primary's too, the
+/// sentinels get the one of `outbox.redis_sentinel_password_file`, and `rediss://` means TLS to
+/// both.
 fn primary_from_sentinels(
     target: &Target,
     urls: &[&str],
     certificates: Option<TlsCertificates>,
+    password: Option<String>,
 ) -> Result<Client, String> {
     if target.sentinel_master.is_empty() {
         return Err(
@@ -180,10 +192,17 @@ fn primary_from_sentinels(
         if let Some(user) = settings.username() {
             builder = builder.set_client_to_redis_username(user);
         }
-        if let Some(password) = settings.password() {
-            builder = builder.set_client_to_redis_password(password);
-        }
         builder = builder.set_client_to_redis_db(settings.db());
+    }
+    if let Some(password) = password {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    let sentinel_password = password_file::read(
+        "outbox.redis_sentinel_password_file",
+        &target.sentinel_password_file,
+    )?;
+    if let Some(password) = sentinel_password {
+        builder = builder.set_client_to_sentinel_password(password);
     }
     if let Some(mode) = tls {
         builder = builder

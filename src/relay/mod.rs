@@ -19,6 +19,7 @@ pub mod launcher;
 mod link;
 mod mailbox;
 mod order;
+mod password_file;
 mod pipeline;
 mod prune;
 pub mod publish;
@@ -37,8 +38,8 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::databases::Selection;
+use crate::gucs;
 use crate::shmem::{DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
-use crate::{gucs, log_mask};
 use backoff::{Backoff, Pacing};
 use extension::Extension;
 use publish::Publisher;
@@ -190,12 +191,10 @@ impl Relay {
         let probing = !Selection::parse(&gucs::database())
             .is_ok_and(|selection| selection.waits_for_extension());
         if !probing {
-            log_mask::written_masked(|| {
-                log!(
-                    "outbox relay {index} started: {}",
-                    settings.describe(&database)
-                );
-            });
+            log!(
+                "outbox relay {index} started: {}",
+                settings.describe(&database)
+            );
         }
         Relay {
             everywhere: probing,
@@ -326,13 +325,11 @@ impl Relay {
         if settings == self.settings {
             return false;
         }
-        log_mask::written_masked(|| {
-            log!(
-                "outbox relay {} reloaded: {}",
-                self.index,
-                settings.describe(&self.database)
-            );
-        });
+        log!(
+            "outbox relay {} reloaded: {}",
+            self.index,
+            settings.describe(&self.database)
+        );
         let retarget = settings.target != self.settings.target;
         session::commit_without_waiting(settings.target.dedupe);
         if retarget {
@@ -471,12 +468,10 @@ impl Relay {
         if self.probing && found {
             // Found: the worker stays, and says so.
             self.probing = false;
-            log_mask::written_masked(|| {
-                log!(
-                    "outbox relay {index} started: {}",
-                    self.settings.describe(&self.database)
-                );
-            });
+            log!(
+                "outbox relay {index} started: {}",
+                self.settings.describe(&self.database)
+            );
         }
         match state {
             WorkerState::WaitingForExtension if self.probing => {}

@@ -32,6 +32,11 @@ pub struct Target {
     /// The service name Sentinel knows the primary by.
     pub sentinel_master: String,
     pub tls: TlsFiles,
+    /// Files holding the passwords for Redis and for the sentinels; empty strings are unset.
+    pub password_file: String,
+    pub sentinel_password_file: String,
+    /// Why the configured URL was refused, when it was: the relay then connects nowhere.
+    pub url_refused: Option<&'static str>,
     /// Replicas that must acknowledge a chunk before its events count as published.
     pub wait_replicas: u32,
     pub timeout: Duration,
@@ -61,7 +66,7 @@ pub struct Markers {
 /// What the main thread tells the Redis thread.
 enum Command {
     /// Settings, at start and after a reload that changed them.
-    Configure(Target),
+    Configure(Box<Target>),
     /// A chunk to publish; a [`Reply`] follows.
     Publish(Vec<Event>),
     /// The transaction that holds the chunks published since the last end has committed; its
@@ -112,7 +117,7 @@ impl Publisher {
 
     /// Hands new settings to the Redis thread.
     pub fn configure(&self, target: Target) {
-        let _ = self.commands.send(Command::Configure(target));
+        let _ = self.commands.send(Command::Configure(Box::new(target)));
     }
 
     /// Hands a chunk to the Redis thread and returns at once; [`Publisher::wait`] collects the
@@ -199,7 +204,7 @@ impl RedisSide {
                 incoming.recv_timeout(CLEANUP_AFTER)
             };
             match command {
-                Ok(Command::Configure(target)) => self.target = target,
+                Ok(Command::Configure(target)) => self.target = *target,
                 Ok(Command::Publish(events)) => {
                     if outgoing.send(self.publish(events)).is_err() {
                         return;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{gucs, redis_url};
+use crate::gucs;
 
 use super::publish::{Target, TlsFiles};
 use crate::gucs::RedisMode;
@@ -32,6 +32,9 @@ impl Settings {
                     cert_file: gucs::redis_tls_cert_file(),
                     key_file: gucs::redis_tls_key_file(),
                 },
+                password_file: gucs::redis_password_file(),
+                sentinel_password_file: gucs::redis_sentinel_password_file(),
+                url_refused: gucs::redis_url_refused(),
                 wait_replicas: gucs::redis_wait_replicas(),
                 timeout: gucs::redis_timeout(),
                 stream_prefix: crate::databases::stream_prefix(&gucs::stream_prefix(), database),
@@ -47,7 +50,7 @@ impl Settings {
         }
     }
 
-    /// The settings as the worker logs them, with the Redis password masked.
+    /// The settings as the worker logs them (the URL holds no password).
     pub fn describe(&self, database: &str) -> String {
         let target = &self.target;
         let retention = self
@@ -68,6 +71,14 @@ impl Settings {
                 tls.push_str(&format!(" redis_tls_{name}_file='{file}'"));
             }
         }
+        for (name, file) in [
+            ("password", &target.password_file),
+            ("sentinel_password", &target.sentinel_password_file),
+        ] {
+            if !file.is_empty() {
+                tls.push_str(&format!(" redis_{name}_file='{file}'"));
+            }
+        }
         let wait = match target.wait_replicas {
             0 => String::new(),
             n => format!(" redis_wait_replicas={n}"),
@@ -76,7 +87,10 @@ impl Settings {
             "database={database} redis_url={} redis_mode={mode}{tls}{wait} batch_size={} poll_interval={}ms \
              redis_timeout={}ms stream_prefix='{}' stream_maxlen={} max_attempts={} retention={} \
              dedupe={} dedupe_ttl={}s",
-            redis_url::mask(&target.url),
+            match target.url_refused {
+                Some(_) => "(refused: it holds a password)",
+                None => target.url.as_str(),
+            },
             self.batch_size,
             self.poll_interval.as_millis(),
             target.timeout.as_millis(),

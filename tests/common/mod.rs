@@ -148,6 +148,18 @@ fn give_to_postgres(path: &Path) {
     }
 }
 
+/// A file holding `password` on its first line, as `outbox.redis_password_file` names one:
+/// owned by the server's OS user and closed to everyone else. Returns its path.
+pub fn password_file(password: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = scratch_dir("secret").join("redis.password");
+    fs::write(&path, format!("{password}\n")).expect("cannot write a password file");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+        .expect("cannot restrict a password file");
+    give_to_postgres(&path);
+    path.display().to_string()
+}
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 fn scratch_dir(kind: &str) -> PathBuf {
@@ -233,7 +245,12 @@ impl Redis {
         );
     }
 
-    /// The server's URL, with its password if it has one.
+    /// The URL the relay is given: without the password, which it reads from a file.
+    pub fn relay_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's URL for the test's own connections, with its password if it has one.
     pub fn url(&self) -> String {
         match &self.password {
             Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
@@ -360,8 +377,12 @@ impl Pg {
 
     /// A cluster whose relay publishes to `redis`, with `extra` settings.
     pub fn relaying_to(redis: &Redis, extra: &[(&str, &str)]) -> Pg {
-        let url = redis.url();
+        let url = redis.relay_url();
+        let file = redis.password.as_deref().map(password_file);
         let mut settings = vec![("outbox.redis_url", url.as_str())];
+        if let Some(file) = &file {
+            settings.push(("outbox.redis_password_file", file.as_str()));
+        }
         settings.extend_from_slice(extra);
         Pg::start(&settings)
     }

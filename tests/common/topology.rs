@@ -42,15 +42,27 @@ pub struct Node {
     dir: PathBuf,
     args: Vec<String>,
     child: Option<Child>,
+    /// What the test's own connections authenticate with.
+    password: Option<String>,
 }
 
 impl Node {
     fn start(port: u16, dir: PathBuf, args: Vec<String>) -> Node {
+        Node::start_with_password(port, dir, args, None)
+    }
+
+    fn start_with_password(
+        port: u16,
+        dir: PathBuf,
+        args: Vec<String>,
+        password: Option<&str>,
+    ) -> Node {
         let mut node = Node {
             port,
             dir,
             args,
             child: None,
+            password: password.map(str::to_string),
         };
         node.spawn();
         node
@@ -93,7 +105,11 @@ impl Node {
     }
 
     pub fn conn(&self) -> redis::RedisResult<redis::Connection> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))?;
+        let auth = self
+            .password
+            .as_ref()
+            .map_or(String::new(), |p| format!(":{p}@"));
+        let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{}", self.port))?;
         let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
         conn.set_read_timeout(Some(Duration::from_secs(10)))?;
         Ok(conn)
@@ -344,6 +360,25 @@ impl Sentinels {
     pub const MASTER: &'static str = "master";
 
     pub fn start() -> Sentinels {
+        Sentinels::start_secured(None, None)
+    }
+
+    /// As `start`, the primary and replica requiring `primary_password` (the sentinels know
+    /// it), the sentinels `sentinel_password`.
+    pub fn start_secured(
+        primary_password: Option<&str>,
+        sentinel_password: Option<&str>,
+    ) -> Sentinels {
+        let auth: Vec<String> = primary_password
+            .map(|p| {
+                vec![
+                    "--requirepass".into(),
+                    p.into(),
+                    "--masterauth".into(),
+                    p.into(),
+                ]
+            })
+            .unwrap_or_default();
         let data = |port: u16, extra: &[String]| {
             let mut args: Vec<String> = [
                 "--port",
@@ -360,17 +395,19 @@ impl Sentinels {
             .iter()
             .map(|a| a.to_string())
             .collect();
+            args.extend_from_slice(&auth);
             args.extend_from_slice(extra);
             args
         };
         let primary_port = super::free_port();
-        let primary = Node::start(
+        let primary = Node::start_with_password(
             primary_port,
             scratch_dir("primary"),
             data(primary_port, &[]),
+            primary_password,
         );
         let replica_port = super::free_port();
-        let replica = Node::start(
+        let replica = Node::start_with_password(
             replica_port,
             scratch_dir("replica"),
             data(
@@ -381,6 +418,7 @@ impl Sentinels {
                     primary_port.to_string(),
                 ],
             ),
+            primary_password,
         );
         assert!(
             wait_until(Duration::from_secs(20), || replica
@@ -402,16 +440,28 @@ impl Sentinels {
                     "port {port}\nbind 127.0.0.1\ndir {}\n\
                      sentinel monitor {} 127.0.0.1 {primary_port} 2\n\
                      sentinel down-after-milliseconds {} 5000\n\
-                     sentinel failover-timeout {} 10000\n",
+                     sentinel failover-timeout {} 10000\n{}{}",
                     dir.display(),
                     Sentinels::MASTER,
                     Sentinels::MASTER,
-                    Sentinels::MASTER
+                    Sentinels::MASTER,
+                    primary_password.map_or(String::new(), |p| format!(
+                        "sentinel auth-pass {} {p}\n",
+                        Sentinels::MASTER
+                    )),
+                    sentinel_password.map_or(String::new(), |p| format!(
+                        "requirepass {p}\nsentinel sentinel-pass {p}\n"
+                    )),
                 ),
             )
             .expect("cannot write sentinel.conf");
             let args = vec![conf.display().to_string(), "--sentinel".into()];
-            sentinels.push(Node::start(port, dir, args));
+            sentinels.push(Node::start_with_password(
+                port,
+                dir,
+                args,
+                sentinel_password,
+            ));
         }
         let all = Sentinels {
             primary,
