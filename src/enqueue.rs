@@ -22,6 +22,10 @@ use crate::{gucs, insert, lane, utf8, wake};
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.
 pub const MAX_TOPIC_BYTES: usize = 256;
 
+/// Longest key accepted, in bytes: a key names the entity whose events keep their order (an
+/// account's id), and the relay holds it beside every event of a batch.
+pub const MAX_KEY_BYTES: usize = 1024;
+
 /// Why an `outbox_enqueue` argument was refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum InputError {
@@ -30,6 +34,7 @@ pub enum InputError {
     EmptyTopic,
     TopicTooLong(usize),
     TopicControlCharacter(usize),
+    KeyTooLong(usize),
     PayloadTooLarge {
         size: usize,
         limit: usize,
@@ -53,6 +58,7 @@ impl InputError {
             InputError::EmptyTopic
             | InputError::TopicTooLong(_)
             | InputError::TopicControlCharacter(_)
+            | InputError::KeyTooLong(_)
             | InputError::HeadersNotObjectOfStrings
             | InputError::NegativeDelay
             | InputError::InfiniteDelay => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -72,6 +78,9 @@ impl InputError {
             ),
             InputError::TopicControlCharacter(at) => format!(
                 "outbox_enqueue: topic contains a control character at byte {at}"
+            ),
+            InputError::KeyTooLong(len) => format!(
+                "outbox_enqueue: key is {len} bytes long, longer than the limit of {MAX_KEY_BYTES}"
             ),
             InputError::PayloadTooLarge { size, limit } => format!(
                 "outbox_enqueue: payload is {size} bytes of JSON, larger than outbox.max_payload_size ({limit} bytes)"
@@ -93,8 +102,11 @@ impl InputError {
             InputError::EmptyTopic | InputError::TopicControlCharacter(_) => {
                 Some("A topic names the Redis stream the event goes to, such as 'account.created'.")
             }
+            InputError::KeyTooLong(_) => Some(
+                "A key names the entity whose events keep their order, such as an account's id.",
+            ),
             InputError::PayloadTooLarge { .. } => Some(
-                "Store large data elsewhere and enqueue a reference to it, or raise outbox.max_payload_size.",
+                "Store large data elsewhere and enqueue a reference to it, or have a superuser raise outbox.max_payload_size.",
             ),
             InputError::HeadersNotObjectOfStrings => Some(
                 "Pass headers such as '{\"traceparent\": \"00-...-01\"}', or NULL for none.",
@@ -129,6 +141,14 @@ pub fn check_topic(stored: &[u8], utf8: Option<&[u8]>) -> Result<(), InputError>
         |at: usize| c1_too && text[at] == 0xC2 && matches!(text.get(at + 1), Some(0x80..=0x9F));
     if let Some(at) = (0..text.len()).find(|&at| text[at] < 0x20 || text[at] == 0x7F || c1(at)) {
         return Err(InputError::TopicControlCharacter(at));
+    }
+    Ok(())
+}
+
+/// Checks the length of a key, in bytes as stored.
+pub fn check_key(len: usize) -> Result<(), InputError> {
+    if len > MAX_KEY_BYTES {
+        return Err(InputError::KeyTooLong(len));
     }
     Ok(())
 }
@@ -182,6 +202,12 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
             let argument =
                 |n: usize| (!pg_arg_is_null(fcinfo, n)).then(|| pg_getarg_datum_raw(fcinfo, n));
             let key = argument(2);
+            if let Some(key) = key {
+                // Measured before it is read: a long key may be stored compressed.
+                if let Err(error) = check_key(raw_text_len(key)) {
+                    raise(error);
+                }
+            }
             let headers = argument(3);
             if let Some(headers) = headers {
                 if !is_object_of_strings(headers) {
@@ -308,6 +334,16 @@ unsafe fn text_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
     }
 }
 
+/// Length in bytes of a text datum's contents, without decompressing or fetching it.
+///
+/// # Safety
+/// `datum` must be a non-null text datum.
+unsafe fn raw_text_len(datum: pg_sys::Datum) -> usize {
+    // SAFETY: guaranteed by the caller; the size comes from the datum's header alone.
+    let size = unsafe { pg_sys::toast_raw_datum_size(datum) };
+    size.saturating_sub(pg_sys::VARHDRSZ)
+}
+
 /// Length of the jsonb datum's JSON text, the form the relay publishes.
 ///
 /// # Safety
@@ -353,6 +389,26 @@ mod tests {
         assert_eq!(check("x".repeat(MAX_TOPIC_BYTES).as_bytes()), Ok(()));
         // U+00A0 and U+00A1 share the C1 controls' lead byte and are not controls.
         assert_eq!(check("a\u{a0}\u{a1}".as_bytes()), Ok(()));
+    }
+
+    #[test]
+    fn refuses_keys_past_the_limit() {
+        assert_eq!(check_key(0), Ok(()));
+        assert_eq!(check_key(MAX_KEY_BYTES), Ok(()));
+        assert_eq!(
+            check_key(MAX_KEY_BYTES + 1),
+            Err(InputError::KeyTooLong(MAX_KEY_BYTES + 1))
+        );
+        let error = InputError::KeyTooLong(4000);
+        assert_eq!(
+            error.sqlstate(),
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert!(
+            error.message().contains("4000 bytes"),
+            "{}",
+            error.message()
+        );
     }
 
     #[test]

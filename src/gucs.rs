@@ -57,6 +57,9 @@ static STREAM_MAXLEN: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Channel of the `pg_notify` call made by `outbox_enqueue`; empty turns it off.
 static NOTIFY_CHANNEL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"outbox"));
+/// Most `outbox.max_payload_size` can be raised to: the relay holds a batch's events in memory,
+/// and Redis takes no string over 512 MB.
+pub const PAYLOAD_SIZE_CEILING: i32 = 64 * 1024 * 1024;
 /// Largest payload, in bytes of JSON text, that `outbox_enqueue` accepts.
 static MAX_PAYLOAD_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 /// Failed publishes of one event before it moves to `outbox_dead`.
@@ -263,11 +266,11 @@ fn init_reloadable() {
     GucRegistry::define_int_guc(
         c"outbox.max_payload_size",
         c"Largest payload, as JSON text, that outbox_enqueue accepts.",
-        c"",
+        c"Only superusers change it: outbox_enqueue runs with its owner's rights, and the relay holds the events in memory.",
         &MAX_PAYLOAD_SIZE,
         1,
-        i32::MAX,
-        GucContext::Userset,
+        PAYLOAD_SIZE_CEILING,
+        GucContext::Suset,
         GucFlags::UNIT_BYTE,
     );
     GucRegistry::define_int_guc(

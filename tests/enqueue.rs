@@ -455,6 +455,74 @@ fn bad_input_gets_its_sqlstate_and_writes_nothing() {
     assert_eq!(count(&mut client, "SELECT count(*) FROM outbox"), 2);
 }
 
+/// A key is at most 1 KiB, however it would be stored (a long key of one repeated character
+/// compresses to a few bytes), and refused longer with 22023 before it is read.
+#[test]
+fn keys_longer_than_a_kibibyte_are_refused() {
+    let pg = server();
+    let mut client = pg.with_extension();
+    for (what, key_sql) in [
+        ("1025 bytes", "repeat('k', 1025)"),
+        ("compressible, 100 MB", "repeat('k', 100 * 1024 * 1024)"),
+        ("multibyte", "repeat('ü', 513)"),
+    ] {
+        let error = client
+            .batch_execute(&format!("SELECT outbox_enqueue('t', '{{}}', {key_sql})"))
+            .expect_err(what);
+        assert_eq!(sqlstate(&error), "22023", "{what}: {error:?}");
+        let db = error.as_db_error().expect("a server error");
+        assert!(
+            db.message().contains("key is") && db.message().contains("limit of 1024"),
+            "{what}: {}",
+            db.message()
+        );
+    }
+    assert_eq!(count(&mut client, "SELECT count(*) FROM outbox"), 0);
+    client
+        .batch_execute("SELECT outbox_enqueue('t', '{}', repeat('k', 1024))")
+        .unwrap();
+    assert_eq!(count(&mut client, "SELECT count(*) FROM outbox"), 1);
+}
+
+/// `outbox_enqueue` runs with its owner's rights: the payload limit is not the caller's to
+/// raise, and a superuser raises it only up to 64 MB.
+#[test]
+fn only_a_superuser_changes_the_payload_limit_and_only_up_to_its_ceiling() {
+    let pg = server();
+    let mut admin = pg.with_extension();
+    admin
+        .batch_execute(
+            "CREATE ROLE app LOGIN; GRANT EXECUTE ON FUNCTION \
+             outbox_enqueue(text, jsonb, text, jsonb, interval) TO app",
+        )
+        .unwrap();
+    let mut app = pg.connect_as("postgres", "app");
+    let error = app
+        .batch_execute("SET outbox.max_payload_size = '100MB'")
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "42501", "{error:?}");
+    let error = app
+        .batch_execute("SELECT set_config('outbox.max_payload_size', '2MB', false)")
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "42501", "{error:?}");
+    let big = format!("{{\"d\": \"{}\"}}", "x".repeat(1024 * 1024 + 1));
+    let error = app
+        .query_one("SELECT outbox_enqueue('t', $1::text::jsonb)", &[&big])
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "54000", "{error:?}");
+
+    let error = admin
+        .batch_execute("SET outbox.max_payload_size = '65MB'")
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "22023", "{error:?}");
+    admin
+        .batch_execute("SET outbox.max_payload_size = '64MB'")
+        .unwrap();
+    admin
+        .query_one("SELECT outbox_enqueue('t', $1::text::jsonb)", &[&big])
+        .unwrap();
+}
+
 #[test]
 fn errors_say_what_is_wrong_with_a_hint() {
     let pg = server();
