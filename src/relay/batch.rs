@@ -121,12 +121,15 @@ impl Relay {
                 continue;
             }
             let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-            if !self.publisher.send(events) {
-                self.exit();
-            }
+            // Looked up before the chunk goes: between the send and the wait for its reply, a
+            // return would leave that reply to the next pass, which would mark its own events
+            // by it.
             let Some(statements) = self.extension.statements() else {
                 return Batch::nothing(Pass::NoExtension);
             };
+            if !self.publisher.send(events) {
+                self.exit();
+            }
             // Written while Redis works; undone by the rollback if Redis fails.
             statements.mark_published(ids);
             next = if got == chunk && claimed < batch_size {
