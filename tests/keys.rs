@@ -733,6 +733,103 @@ fn the_events_behind_a_rejected_one_follow_it_at_once() {
     );
 }
 
+/// An event larger than Redis takes (`proto-max-bulk-len`) makes Redis close the connection, and
+/// its chunk is sent again event by event. The later event of its key in that chunk must wait
+/// for it, uncharged: it used to go out alone, and once the limit was raised the large event
+/// landed after it. Here it waits, and the two reach the stream in their order.
+fn an_event_that_breaks_the_connection_holds_back_its_key(dedupe: &str) {
+    let redis = Redis::start_with_args(&["--proto-max-bulk-len", "1mb"]);
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.max_payload_size", "4MB"),
+            ("outbox.max_attempts", "100"),
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.dedupe", dedupe),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let id = |client: &mut postgres::Client, sql: &str| -> i64 {
+        client.query_one(sql, &[]).unwrap().get(0)
+    };
+    // One transaction, so one chunk. The event of another topic after the two leaves a command
+    // unanswered when Redis closes the connection, dedupe on or off: the chunk breaks, rather
+    // than come back with an error for both.
+    client.batch_execute("BEGIN").unwrap();
+    let big = id(
+        &mut client,
+        "SELECT outbox_enqueue('orders', jsonb_build_object('x', repeat('a', 2000000)), \
+         key => 'k')",
+    );
+    let small = id(
+        &mut client,
+        "SELECT outbox_enqueue('orders', '{\"n\": 2}', key => 'k')",
+    );
+    let other = id(&mut client, "SELECT outbox_enqueue('other', '{}')");
+    client.batch_execute("COMMIT").unwrap();
+
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.ids("other") == [other]),
+        "the chunk's event of another topic did not go out"
+    );
+    let attempts = |client: &mut postgres::Client, event: i64| -> i32 {
+        client
+            .query_one("SELECT attempts FROM outbox WHERE id = $1", &[&event])
+            .unwrap()
+            .get(0)
+    };
+    // Charged once in the broken chunk, and again at its retry a second later.
+    assert!(
+        wait_until(Duration::from_secs(10), || attempts(&mut client, big) >= 2),
+        "the large event was not charged twice"
+    );
+    assert_eq!(
+        redis.ids("orders"),
+        Vec::<i64>::new(),
+        "the later event of the key went out before the large one"
+    );
+    let held = client
+        .query_one(
+            "SELECT published_at IS NULL, attempts, next_attempt_at IS NULL FROM outbox \
+             WHERE id = $1",
+            &[&small],
+        )
+        .unwrap();
+    assert_eq!(
+        (
+            held.get::<_, bool>(0),
+            held.get::<_, i32>(1),
+            held.get::<_, bool>(2)
+        ),
+        (true, 0, true),
+        "the held event is not waiting unmarked and uncharged"
+    );
+
+    redis.query::<()>(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("proto-max-bulk-len")
+            .arg("4mb"),
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("orders") == 2),
+        "the two events did not go out once Redis took the large one"
+    );
+    assert_eq!(redis.ids("orders"), [big, small]);
+    assert_eq!(attempts(&mut client, small), 0);
+}
+
+#[test]
+fn an_event_that_breaks_the_connection_holds_back_its_key_with_dedupe_on() {
+    an_event_that_breaks_the_connection_holds_back_its_key("on");
+}
+
+#[test]
+fn an_event_that_breaks_the_connection_holds_back_its_key_with_dedupe_off() {
+    an_event_that_breaks_the_connection_holds_back_its_key("off");
+}
+
 /// A backlog that fills every batch does not hold off the retries of rejected events, nor the
 /// later events of their keys: those wait for the retries (within about a poll interval of their
 /// due time), not for the backlog to drain. Forty keys are held, more than one claim takes.

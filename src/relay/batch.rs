@@ -14,6 +14,7 @@ use super::claim::{self, Claimed, Failure, Scope};
 use super::cursor::{self, Reach, Verdict};
 use super::encode::{Event, Ordering};
 use super::order::PassOrder;
+use super::pipeline::Outcome;
 use super::publish::{Interrupted, Reply};
 use super::retry::DueLook;
 use super::worker::{self, End};
@@ -121,12 +122,15 @@ impl Relay {
                 continue;
             }
             let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-            if !self.publisher.send(events) {
-                self.exit();
-            }
+            // Looked up before the chunk goes: between the send and the wait for its reply, a
+            // return would leave that reply to the next pass, which would mark its own events
+            // by it.
             let Some(statements) = self.extension.statements() else {
                 return Batch::nothing(Pass::NoExtension);
             };
+            if !self.publisher.send(events) {
+                self.exit();
+            }
             // Written while Redis works; undone by the rollback if Redis fails.
             statements.mark_published(ids);
             next = if got == chunk && claimed < batch_size {
@@ -154,23 +158,35 @@ impl Relay {
                 );
                 self.slot.set_error(None, worker::now());
             }
-            // Failed ones included: a later time than their rows' marks only delays emptying.
+            // Failed and held back ones included: a later time than their rows' marks only
+            // delays emptying.
             batch.leaves |= sent
                 .iter()
                 .fold(0, |leaves, e| leaves | 1 << ring::leaf_of(e.id));
-            let published = sent.len();
             let retried_out = sent
                 .iter()
                 .zip(&results)
-                .filter(|(e, result)| e.attempts > 0 && result.is_ok())
+                .filter(|(e, outcome)| e.attempts > 0 && **outcome == Outcome::Added)
                 .map(|(e, _)| e.id)
                 .min();
             let mut failures: Vec<Failure> = Vec::new();
-            for (event, result) in sent.into_iter().zip(results) {
-                let Err(error) = result else {
-                    // Its strings serve the next claim.
-                    spare::keep(event);
-                    continue;
+            let mut held_back = Vec::new();
+            for (event, outcome) in sent.into_iter().zip(results) {
+                let error = match outcome {
+                    Outcome::Added => {
+                        batch.published += 1;
+                        // Its strings serve the next claim.
+                        spare::keep(event);
+                        continue;
+                    }
+                    Outcome::HeldBack => {
+                        // Behind an event of its key that failed: unmarked and uncharged, it
+                        // waits for that one as the events `order` holds back do.
+                        held_back.push(event.id);
+                        spare::keep(event);
+                        continue;
+                    }
+                    Outcome::Failed(error) => error,
                 };
                 let Event {
                     id,
@@ -194,9 +210,14 @@ impl Relay {
                     permanent: false,
                 });
             }
-            batch.published += (published - failures.len()) as u64;
             // An event that had failed is out: its key's later events may go.
             released = lowest(released, retried_out);
+            if !held_back.is_empty() {
+                order.left_for_later();
+                if let Some(statements) = self.extension.statements() {
+                    statements.unmark(held_back);
+                }
+            }
             if !failures.is_empty() {
                 scope.failing = true;
                 self.failing.failed();

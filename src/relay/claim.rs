@@ -170,6 +170,8 @@ pub struct Statements {
     /// One per partition of the ring: a mark through the partitioned table would look for
     /// every id in every partition (hash partitions are not pruned for `= ANY` of a parameter).
     mark: Vec<OwnedPreparedStatement>,
+    /// Takes the mark back from events that were held back, not sent.
+    unmark: OwnedPreparedStatement,
     fail: OwnedPreparedStatement,
     bury: OwnedPreparedStatement,
 }
@@ -355,6 +357,15 @@ impl Statements {
                     )
                 })
                 .collect(),
+            // Through the table, which looks for each id in every partition: events are held
+            // back after being marked only behind one that broke the connection, a handful.
+            unmark: prepare(
+                &format!(
+                    "UPDATE {s}.outbox SET published_at = NULL \
+                     WHERE id OPERATOR(pg_catalog.=) ANY ($1)"
+                ),
+                &[pg_sys::INT8ARRAYOID],
+            ),
             fail: prepare(
                 &format!(
                     "UPDATE {s}.outbox o \
@@ -519,6 +530,16 @@ impl Statements {
                     .update(&self.mark[leaf], None, &[ids.into()])
                     .unwrap_or_else(|e| error!("outbox relay: marking published failed: {e}"));
             }
+        });
+    }
+
+    /// Unmarks events that were held back after they were marked, without charging them: they
+    /// are claimed again as if never claimed.
+    pub fn unmark(&self, ids: Vec<i64>) {
+        Spi::connect_mut(|client| {
+            client
+                .update(&self.unmark, None, &[ids.into()])
+                .unwrap_or_else(|e| error!("outbox relay: taking marks back failed: {e}"));
         });
     }
 

@@ -3,7 +3,8 @@
 //! connection while Redis itself stays reachable.
 
 use super::link::{self, describe, Link};
-use super::pipeline::{self, Answer, Chunk, ScriptCall, DEDUPE_SCRIPT};
+use super::order::OneByOne;
+use super::pipeline::{self, Answer, Chunk, Outcome, ScriptCall, DEDUPE_SCRIPT};
 use super::publish::Target;
 
 /// A link to Redis, and what it was opened for.
@@ -86,17 +87,25 @@ fn reopen(slot: &mut Option<Connection>, target: &Target) -> Result<(), String> 
 }
 
 /// Publishes the chunk's events one at a time, after a failure that a reachable Redis made of
-/// the whole chunk: each event that fails alone is charged with its error.
+/// the whole chunk: each event that fails alone is charged with its error, and the later events
+/// of its key (else topic) are held back, not sent.
 fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, String> {
     let mut results = Vec::with_capacity(chunk.events.len());
     let mut markers = Vec::new();
-    for (i, event) in chunk.events.iter().enumerate() {
+    let mut stops = OneByOne::default();
+    let mut cleanup = chunk.cleanup;
+    for event in chunk.events {
+        if !stops.may_send(event) {
+            results.push(Outcome::HeldBack);
+            continue;
+        }
         let single = Chunk {
             target: chunk.target,
             events: std::slice::from_ref(event),
-            cleanup: if i == 0 { chunk.cleanup } else { &[] },
+            cleanup: std::mem::take(&mut cleanup),
         };
         let mut answer = send_alone(slot, &single)?;
+        stops.sent(event, &answer.results);
         results.append(&mut answer.results);
         markers.append(&mut answer.markers);
     }
@@ -117,7 +126,7 @@ fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, S
                 reopen(slot, single.target).map_err(|_| error.clone())?;
                 if tries == 2 {
                     return Ok(Answer {
-                        results: vec![Err(error)],
+                        results: vec![Outcome::Failed(error)],
                         markers: Vec::new(),
                     });
                 }
@@ -189,7 +198,7 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
                 .into(),
         ));
     }
-    if wanted > 0 && answer.results.iter().any(Result::is_ok) {
+    if wanted > 0 && answer.results.contains(&Outcome::Added) {
         let Some(connection) = slot.as_mut() else {
             // A reply closed the connection (an event too large, say): taken apart, the chunk
             // charges that event alone.

@@ -40,6 +40,14 @@ impl Event {
         }
         fields
     }
+
+    /// The events this one keeps its order among.
+    pub fn ordering(&self) -> Ordering {
+        match &self.key {
+            Some(key) => Ordering::Key(key.clone()),
+            None => Ordering::Topic(self.topic.clone()),
+        }
+    }
 }
 
 /// The events whose relative order the relay keeps: those with the same key, or without a key,

@@ -63,11 +63,23 @@ pub struct Chunk<'a> {
     pub cleanup: &'a [Markers],
 }
 
-/// What Redis made of a chunk: one result per event, in order, and the markers the chunk left
+/// What Redis made of a chunk: one outcome per event, in order, and the markers the chunk left
 /// behind (with dedupe on), to delete once its transaction has committed.
 pub struct Answer {
-    pub results: Vec<Result<(), String>>,
+    pub results: Vec<Outcome>,
     pub markers: Vec<Markers>,
+}
+
+/// What became of one event of a chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It is in its stream.
+    Added,
+    /// Redis refused it, or it broke the connection alone: it is charged an attempt.
+    Failed(String),
+    /// It was not sent: an earlier event of its key (else topic) failed in the same chunk, sent
+    /// event by event (see `order::OneByOne`). It waits for that one, uncharged.
+    HeldBack,
 }
 
 /// An error reply as Redis words it: `WRONGTYPE Operation against a key ...`.
@@ -280,7 +292,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
             layout.commands.len()
         )));
     }
-    let mut results: Vec<Result<(), String>> = vec![Ok(()); chunk.events.len()];
+    let mut results = vec![Outcome::Added; chunk.events.len()];
     for (value, positions) in values.into_iter().zip(&layout.commands) {
         match value {
             Value::ServerError(e) => {
@@ -289,7 +301,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                     return Err(Failed::Refused(message));
                 }
                 for &p in positions {
-                    results[p] = Err(message.clone());
+                    results[p] = Outcome::Failed(message.clone());
                 }
             }
             Value::Array(items) if chunk.target.dedupe => {
@@ -324,7 +336,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                     if is_server_wide(message.split(' ').next().unwrap_or("")) {
                         return Err(Failed::Refused(message));
                     }
-                    results[p] = Err(message);
+                    results[p] = Outcome::Failed(message);
                 }
             }
             Value::BulkString(_) | Value::SimpleString(_) if !chunk.target.dedupe => {}
@@ -392,9 +404,9 @@ mod tests {
         assert_eq!(
             answer.results,
             [
-                Err("WRONGTYPE Operation against a key".to_string()),
-                Ok(()),
-                Err("WRONGTYPE Operation against a key".to_string()),
+                Outcome::Failed("WRONGTYPE Operation against a key".to_string()),
+                Outcome::Added,
+                Outcome::Failed("WRONGTYPE Operation against a key".to_string()),
             ]
         );
         let noperm = reply(b"-NOPERM this user has no permissions\r\n");
@@ -457,7 +469,10 @@ mod tests {
         let Ok(answer) = read(&chunk, &layout, vec![none(), none()]) else {
             panic!("an empty reply failed the chunk");
         };
-        assert_eq!(answer.results, [Ok(()), Ok(()), Ok(())]);
+        assert_eq!(
+            answer.results,
+            [Outcome::Added, Outcome::Added, Outcome::Added]
+        );
         let second = reply(b"*2\r\n:2\r\n$27\r\nWRONGTYPE Operation against\r\n");
         let Ok(answer) = read(&chunk, &layout, vec![second, none()]) else {
             panic!("a refused event failed the chunk");
@@ -465,9 +480,9 @@ mod tests {
         assert_eq!(
             answer.results,
             [
-                Ok(()),
-                Ok(()),
-                Err("WRONGTYPE Operation against".to_string())
+                Outcome::Added,
+                Outcome::Added,
+                Outcome::Failed("WRONGTYPE Operation against".to_string())
             ]
         );
         let noperm = reply(b"*2\r\n:1\r\n$6\r\nNOPERM\r\n");

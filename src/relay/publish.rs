@@ -17,7 +17,7 @@ use std::time::Duration;
 use super::connection::{self, Connection};
 use super::encode::Event;
 use super::mailbox::{self, Receiver, RecvTimeoutError, Sender};
-use super::pipeline::Chunk;
+use super::pipeline::{Chunk, Outcome};
 use crate::gucs::RedisMode;
 
 /// How long the thread waits for another chunk before it deletes committed markers alone.
@@ -80,9 +80,9 @@ enum Command {
 
 /// What became of a chunk.
 pub enum Reply {
-    /// Redis answered: one result per event, in the chunk's order, and the chunk itself, handed
+    /// Redis answered: one outcome per event, in the chunk's order, and the chunk itself, handed
     /// back so that its events are dropped by the thread that allocated them.
-    Answered(Vec<Result<(), String>>, Vec<Event>),
+    Answered(Vec<Outcome>, Vec<Event>),
     /// Redis could not be used at all; nothing may be marked.
     Unavailable(String),
 }
