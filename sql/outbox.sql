@@ -144,46 +144,123 @@ CREATE FUNCTION @extschema@._outbox_wake() RETURNS void
     AS 'MODULE_PATHNAME', '_outbox_wake_wrapper';
 
 -- SECURITY DEFINER, so that EXECUTE is all a role needs to redrive; the pinned search_path
--- keeps callers' objects out of it.
+-- keeps callers' objects out of it. A dead event goes back with its own id, and outbox holds
+-- each id once: a dead event whose id outbox holds (ids used again, see the README, or another
+-- dead event of that id redriven first) stays in outbox_dead, and a WARNING says so, so that
+-- it never undoes the redrive of the others. The insert comes first and the delete takes only
+-- what it inserted, so a dead event is never deleted without being back in outbox. Only the
+-- primary key is passed by: a constraint added to outbox by hand fails the call, as it would
+-- an INSERT.
 CREATE FUNCTION @extschema@.outbox_redrive(id bigint) RETURNS boolean
-    LANGUAGE sql VOLATILE STRICT SECURITY DEFINER
+    LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     AS $$
-    WITH moved AS (
-        DELETE FROM @extschema@.outbox_dead d WHERE d.id = $1
-        RETURNING d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
+DECLARE
+    dead_id ALIAS FOR $1;
+    dead_events bigint;
+    moved bigint;
+BEGIN
+    -- Of dead events that share the id, the one created first goes back.
+    WITH candidates AS (
+        SELECT d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
+        FROM @extschema@.outbox_dead d
+        WHERE d.id = dead_id
+        ORDER BY d.created_at
+        FOR UPDATE
     ), back AS (
-        INSERT INTO @extschema@.outbox
+        INSERT INTO @extschema@.outbox AS o
             (id, topic, payload, created_at, attempts, last_error, key, headers, lane)
-        SELECT id, topic, payload, created_at, 0, last_error, key, headers,
-               @extschema@.outbox_lane(key, topic)
-        FROM moved
-        RETURNING 1
+        SELECT c.id, c.topic, c.payload, c.created_at, 0, c.last_error, c.key, c.headers,
+               @extschema@.outbox_lane(c.key, c.topic)
+        FROM candidates c
+        ORDER BY c.created_at
+        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING
+        RETURNING o.id, o.created_at
+    ), gone AS (
+        DELETE FROM @extschema@.outbox_dead d USING back b
+        WHERE d.id = b.id AND d.created_at = b.created_at
+        RETURNING d.id
     )
-    SELECT count(*) > 0 FROM back, LATERAL (SELECT @extschema@._outbox_wake()) w;
+    SELECT (SELECT count(*) FROM candidates), (SELECT count(*) FROM gone)
+    INTO dead_events, moved;
+    IF moved > 0 THEN
+        PERFORM @extschema@._outbox_wake();
+    END IF;
+    IF moved = 0 AND dead_events > 0 THEN
+        RAISE WARNING 'dead event % stays in outbox_dead: outbox holds another event with id %',
+                      dead_id, dead_id
+            USING DETAIL = 'A dead event goes back with its own id, and outbox holds each id once.',
+                  HINT = 'Ids are used again after TRUNCATE outbox RESTART IDENTITY, a setval '
+                         'on outbox_id_seq or a restore. Redrive it once the event holding its '
+                         'id has left outbox (published, then pruned after outbox.retention).';
+    ELSIF moved < dead_events THEN
+        RAISE WARNING '% of the % dead events with id % stay in outbox_dead',
+                      dead_events - moved, dead_events, dead_id
+            USING DETAIL = 'The one created first went back; outbox holds each id once.',
+                  HINT = 'Redrive the others once that event has left outbox (published, then '
+                         'pruned after outbox.retention).';
+    END IF;
+    RETURN moved > 0;
+END
 $$;
 COMMENT ON FUNCTION @extschema@.outbox_redrive(bigint) IS
-    'Moves one dead event back into outbox with its original id and attempts reset; false if there is none.';
+    'Moves the dead event with this id back into outbox with its id and attempts reset; false if there is none, or (with a WARNING) if outbox holds that id.';
 
 CREATE FUNCTION @extschema@.outbox_redrive_all() RETURNS bigint
-    LANGUAGE sql VOLATILE SECURITY DEFINER
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     AS $$
-    WITH moved AS (
-        DELETE FROM @extschema@.outbox_dead d
-        RETURNING d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
+DECLARE
+    moved bigint;
+    stayed bigint;
+    stayed_ids bigint[];
+BEGIN
+    WITH candidates AS (
+        SELECT d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
+        FROM @extschema@.outbox_dead d
+        ORDER BY d.id, d.created_at
+        FOR UPDATE
     ), back AS (
-        INSERT INTO @extschema@.outbox
+        INSERT INTO @extschema@.outbox AS o
             (id, topic, payload, created_at, attempts, last_error, key, headers, lane)
-        SELECT id, topic, payload, created_at, 0, last_error, key, headers,
-               @extschema@.outbox_lane(key, topic)
-        FROM moved ORDER BY id
-        RETURNING 1
+        SELECT c.id, c.topic, c.payload, c.created_at, 0, c.last_error, c.key, c.headers,
+               @extschema@.outbox_lane(c.key, c.topic)
+        FROM candidates c
+        ORDER BY c.id, c.created_at
+        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING
+        RETURNING o.id, o.created_at
+    ), gone AS (
+        DELETE FROM @extschema@.outbox_dead d USING back b
+        WHERE d.id = b.id AND d.created_at = b.created_at
+        RETURNING d.id, d.created_at
+    ), left_behind AS (
+        SELECT c.id FROM candidates c
+        WHERE NOT EXISTS (SELECT FROM gone g WHERE g.id = c.id AND g.created_at = c.created_at)
     )
-    SELECT count(*) FROM back, LATERAL (SELECT @extschema@._outbox_wake()) w;
+    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM left_behind),
+           (SELECT array_agg(l.id ORDER BY l.id)
+            FROM (SELECT DISTINCT lb.id FROM left_behind lb ORDER BY lb.id LIMIT 11) l)
+    INTO moved, stayed, stayed_ids;
+    IF moved > 0 THEN
+        PERFORM @extschema@._outbox_wake();
+    END IF;
+    IF stayed > 0 THEN
+        RAISE WARNING '% stay in outbox_dead: outbox holds events with their ids',
+                      CASE WHEN stayed = 1 THEN '1 dead event' ELSE stayed || ' dead events' END
+            USING DETAIL = 'Their ids: '
+                           || array_to_string(stayed_ids[1:10], ', ')
+                           || CASE WHEN cardinality(stayed_ids) > 10 THEN ', ...' ELSE '' END
+                           || '. A dead event goes back with its own id, and outbox holds each id once.',
+                  HINT = 'Ids are used again after TRUNCATE outbox RESTART IDENTITY, a setval '
+                         'on outbox_id_seq or a restore, and dead events can share one. Redrive '
+                         'them once the events holding their ids have left outbox (published, '
+                         'then pruned after outbox.retention).';
+    END IF;
+    RETURN moved;
+END
 $$;
 COMMENT ON FUNCTION @extschema@.outbox_redrive_all() IS
-    'Moves every dead event back into outbox with attempts reset; returns how many.';
+    'Moves every dead event back into outbox with attempts reset, but those whose id outbox holds (a WARNING names them); returns how many moved.';
 
 CREATE FUNCTION @extschema@._outbox_worker_slots(
     OUT slot int, OUT pid int, OUT state text, OUT published bigint,

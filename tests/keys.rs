@@ -360,6 +360,77 @@ fn delayed_events_go_out_when_due() {
     );
 }
 
+/// A delayed event whose id outbox holds when it is due (ids used again, by a `setval` here)
+/// goes into outbox with a new id, rather than stay due for ever, first in every move of its
+/// lane: with `outbox.batch_size` 1 it held back every later delayed event of the lane.
+#[test]
+fn a_delayed_event_whose_id_is_taken_goes_out_with_a_new_id() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.poll_interval", "100ms"),
+            ("outbox.batch_size", "1"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let one = |client: &mut postgres::Client, sql: &str| -> i64 {
+        client.query_one(sql, &[]).unwrap().get(0)
+    };
+    let taken = one(&mut client, "SELECT outbox_enqueue('now', '{}')");
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen("now") == 1));
+    // The sequence set back by one: the first delayed event gets the id of the event in outbox.
+    client
+        .execute("SELECT setval('outbox_id_seq', $1, false)", &[&taken])
+        .unwrap();
+    let first = one(
+        &mut client,
+        "SELECT outbox_enqueue('later', '{\"n\": 1}', deliver_after => '1 second')",
+    );
+    assert_eq!(first, taken, "the sequence was not set back");
+    // Due later, in the same lane.
+    let second = one(
+        &mut client,
+        "SELECT outbox_enqueue('later', '{\"n\": 2}', deliver_after => '2 seconds')",
+    );
+
+    assert!(
+        wait_until(Duration::from_secs(15), || redis.xlen("later") == 2),
+        "the delayed events did not both go out: {} of 2",
+        redis.xlen("later")
+    );
+    let by_payload: HashMap<String, i64> = redis
+        .entries("later")
+        .into_iter()
+        .map(|(_, f)| (f["payload"].clone(), f["id"].parse().unwrap()))
+        .collect();
+    let renumbered = by_payload[r#"{"n": 1}"#];
+    assert_ne!(
+        renumbered, taken,
+        "the delayed event went out with a taken id"
+    );
+    assert!(
+        renumbered > second,
+        "the new id {renumbered} is not from the sequence"
+    );
+    assert_eq!(by_payload[r#"{"n": 2}"#], second);
+    assert_eq!(
+        redis.ids("now"),
+        [taken],
+        "the event holding the id was touched"
+    );
+    let waiting = one(&mut client, "SELECT count(*) FROM outbox_delayed");
+    assert_eq!(waiting, 0, "a delayed event stayed in outbox_delayed");
+    assert!(
+        pg.log().contains(&format!(
+            "delayed event {taken} is due, but outbox holds another event with id {taken} \
+             (ids used again): it goes into outbox as event {renumbered}"
+        )),
+        "no WARNING named the delayed event's new id"
+    );
+}
+
 /// The acceptance case of per-key order: 8 clients, 200 keys, each transaction locks its key's
 /// business row, reads the key's counter and enqueues an event carrying it; 4 workers, two of
 /// them killed with SIGKILL during the run (each kill restarts the server). In the end every

@@ -206,6 +206,116 @@ fn a_poison_event_is_buried_after_max_attempts_and_redriven() {
     assert_eq!(attempts, 0, "attempts are reset by a redrive");
 }
 
+/// `outbox` holds each id once. A dead event whose id it holds (an id used again), and the
+/// second of two dead events that share an id, stay in `outbox_dead` with a WARNING, where a
+/// unique violation used to undo the call: `outbox_redrive(id)` returns false for them, and
+/// `outbox_redrive_all()` moves every other dead event.
+#[test]
+fn redrives_leave_dead_events_whose_id_is_taken_and_move_the_rest() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let live: i64 = one(&mut client, "SELECT outbox_enqueue('live', '{}')");
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen("live") == 1));
+    // Dead letters as ids used again leave them: one with the live event's id, two that share
+    // an id outbox does not hold, and one of its own.
+    let (shared, own) = (live + 1_000, live + 2_000);
+    client
+        .execute(
+            "INSERT INTO outbox_dead (id, topic, payload, created_at, attempts, last_error) VALUES \
+               ($1, 'orders', '{\"n\": 1}', now() - interval '3 days', 10, 'WRONGTYPE'), \
+               ($2, 'orders', '{\"n\": 2}', now() - interval '2 days', 10, 'WRONGTYPE'), \
+               ($2, 'orders', '{\"n\": 3}', now() - interval '1 day', 10, 'WRONGTYPE'), \
+               ($3, 'orders', '{\"n\": 4}', now() - interval '1 day', 10, 'WRONGTYPE')",
+            &[&live, &shared, &own],
+        )
+        .unwrap();
+    let dead_payloads = |client: &mut Client| -> Vec<(i64, String)> {
+        client
+            .query(
+                "SELECT id, payload::text FROM outbox_dead ORDER BY id, created_at",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    };
+
+    let redriven: bool = client
+        .query_one("SELECT outbox_redrive($1)", &[&live])
+        .unwrap_or_else(|e| panic!("redriving a dead event whose id is taken failed: {e}"))
+        .get(0);
+    assert!(!redriven, "a dead event whose id is taken was redriven");
+    assert!(
+        wait_until(Duration::from_secs(5), || pg.log().contains(&format!(
+            "dead event {live} stays in outbox_dead: outbox holds another event with id {live}"
+        ))),
+        "no WARNING said why the dead event stayed"
+    );
+
+    // Of the two that share an id, the one created first goes back.
+    let redriven: bool = client
+        .query_one("SELECT outbox_redrive($1)", &[&shared])
+        .unwrap_or_else(|e| panic!("redriving one of two dead events of an id failed: {e}"))
+        .get(0);
+    assert!(redriven, "neither dead event of the shared id was redriven");
+    assert!(
+        wait_until(Duration::from_secs(5), || pg.log().contains(&format!(
+            "1 of the 2 dead events with id {shared} stay in outbox_dead"
+        ))),
+        "no WARNING said that a dead event of the shared id stayed"
+    );
+    assert_eq!(
+        dead_payloads(&mut client),
+        [
+            (live, r#"{"n": 1}"#.to_string()),
+            (shared, r#"{"n": 3}"#.to_string()),
+            (own, r#"{"n": 4}"#.to_string()),
+        ]
+    );
+
+    // The rest goes back; the two whose ids are taken stay, and are named.
+    let moved: i64 = client
+        .query_one("SELECT outbox_redrive_all()", &[])
+        .unwrap_or_else(|e| panic!("outbox_redrive_all failed: {e}"))
+        .get(0);
+    assert_eq!(moved, 1, "outbox_redrive_all did not move the one it could");
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let log = pg.log();
+            log.contains("2 dead events stay in outbox_dead: outbox holds events with their ids")
+                && log.contains(&format!("Their ids: {live}, {shared}."))
+        }),
+        "no WARNING named the dead events outbox_redrive_all left"
+    );
+    assert_eq!(
+        dead_payloads(&mut client),
+        [
+            (live, r#"{"n": 1}"#.to_string()),
+            (shared, r#"{"n": 3}"#.to_string()),
+        ]
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("orders") == 2),
+        "the redriven events were not published"
+    );
+    let mut published = redis.ids("orders");
+    published.sort_unstable();
+    assert_eq!(published, [shared, own]);
+    let payloads: BTreeSet<String> = redis
+        .entries("orders")
+        .into_iter()
+        .map(|(_, f)| f["payload"].clone())
+        .collect();
+    assert_eq!(
+        payloads,
+        BTreeSet::from([r#"{"n": 2}"#.to_string(), r#"{"n": 4}"#.to_string()])
+    );
+    assert_eq!(redis.ids("live"), [live], "the live event was touched");
+}
+
 #[test]
 fn status_views_follow_a_backlog_and_an_outage() {
     let mut redis = Redis::start();

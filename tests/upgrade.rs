@@ -269,3 +269,64 @@ fn an_upgrade_moves_a_populated_table_into_the_ring() {
         .get(0);
     assert_eq!(restored, 150_001);
 }
+
+/// Events waiting at the update to 0.5.0 were left in lane 0, while the later events of their
+/// topic went to the topic's lane: with two workers those lanes belong to different workers,
+/// so the new events went out before the old ones, passing an old event that Redis had
+/// rejected. After the update every waiting event is in its topic's lane, the old failing event
+/// holds back the new ones too, and the topic's events reach the stream in id order.
+#[test]
+fn an_upgrade_from_0_4_0_keeps_each_topics_order_over_two_workers() {
+    // Its key-less events are in lane 595, which the second of two workers relays (lane 0 is
+    // the first's).
+    const TOPIC: &str = "account.created";
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.workers", "2"), ("outbox.poll_interval", "100ms")],
+    );
+    let mut client = pg.connect();
+    client
+        .batch_execute("CREATE EXTENSION outbox VERSION '0.4.0'")
+        .unwrap();
+    pg.wait_for_workers(2);
+    let before = enqueue_many(&mut client, TOPIC, 100);
+    // The first of them was rejected by Redis before the update (charged by hand, as the relay
+    // at 0.4.0 would have): it is retried a few seconds from now, and every later event of its
+    // topic must wait for it.
+    client
+        .execute(
+            "UPDATE outbox SET attempts = 1, last_error = 'WRONGTYPE before the update', \
+             next_attempt_at = now() + interval '4 seconds' WHERE id = $1",
+            &[&before[0]],
+        )
+        .unwrap();
+
+    client
+        .batch_execute("ALTER EXTENSION outbox UPDATE")
+        .unwrap();
+    let misplaced: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox \
+             WHERE published_at IS NULL AND lane <> outbox_lane(key, topic)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(misplaced, 0, "waiting events were left outside their lane");
+    let after = enqueue_many(&mut client, TOPIC, 100);
+
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.xlen(TOPIC) == 200),
+        "the topic's events were not all published: {} of 200",
+        redis.xlen(TOPIC)
+    );
+    let published = redis.ids(TOPIC);
+    let expected: Vec<i64> = before.iter().chain(&after).copied().collect();
+    assert_eq!(
+        published.first(),
+        Some(&before[0]),
+        "events went out before the failing event of their topic"
+    );
+    assert_eq!(published, expected, "the topic's events are out of order");
+}

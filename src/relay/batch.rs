@@ -85,8 +85,16 @@ impl Relay {
         {
             let moved = statements.move_due(batch_size, &scope.lanes);
             self.moved_at = Some(now);
-            self.moved_full = moved == batch_size;
-            if moved > 0 {
+            self.moved_full = moved.count == batch_size;
+            for (delayed, id) in moved.renumbered {
+                // Logged as it happens: a pass that rolls back moves it again, with another id.
+                warning!(
+                    "outbox relay {}: delayed event {delayed} is due, but outbox holds another \
+                     event with id {delayed} (ids used again): it goes into outbox as event {id}",
+                    self.index
+                );
+            }
+            if moved.count > 0 {
                 // Their ids are older than the backlog's: claim from the lowest.
                 self.start.forget();
             }

@@ -82,6 +82,15 @@ impl Claimed {
     }
 }
 
+/// What a move of due delayed events into `outbox` did.
+pub struct MovedDue {
+    /// How many events moved.
+    pub count: usize,
+    /// The events that went in with a new id, as (id in `outbox_delayed`, id in `outbox`):
+    /// `outbox` held their own.
+    pub renumbered: Vec<(i64, i64)>,
+}
+
 /// An event that could not be published this time.
 pub struct Failure {
     pub id: i64,
@@ -326,8 +335,16 @@ impl Statements {
                 ),
                 &[pg_sys::INT2OID, pg_sys::INT2OID],
             ),
-            // An event whose id is in outbox already (ids used again) stays where it is rather
-            // than be lost; the relay tries again on its next move.
+            // An event whose id outbox holds already (ids used again: `RESTART IDENTITY`, a
+            // `setval`, a restore) goes in with a new id from the sequence, a new identity for
+            // consumers: kept in outbox_delayed, it would be due for ever, first in every move
+            // of its lanes, and with a batch's worth of them, no other delayed event of those
+            // lanes would move again. Both inserts go first and the delete takes only what they
+            // inserted, so an event whose new id is taken as well (a sequence set back below
+            // outbox's ids) stays where it is, and the next move draws it another. The events
+            // that keep their id and those given a new one go in by two inserts, each read back
+            // by its own ids (a new id may equal a kept one), so the delete never takes an event
+            // that did not go in.
             move_due: prepare(
                 &format!(
                     "WITH due AS ( \
@@ -336,12 +353,37 @@ impl Statements {
                        WHERE d.deliver_at OPERATOR(pg_catalog.<=) pg_catalog.now() \
                          AND d.lane OPERATOR(pg_catalog.>=) $2 AND d.lane OPERATOR(pg_catalog.<) $3 \
                        ORDER BY d.deliver_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
-                     moved AS ( \
+                     kept AS ( \
                        INSERT INTO {s}.outbox (id, topic, payload, created_at, key, headers, lane) \
                        SELECT id, topic, payload, created_at, key, headers, lane FROM due \
-                       ON CONFLICT DO NOTHING RETURNING id) \
-                     DELETE FROM {s}.outbox_delayed d USING moved \
-                     WHERE d.id OPERATOR(pg_catalog.=) moved.id RETURNING d.id"
+                       ON CONFLICT DO NOTHING RETURNING id), \
+                     taken AS ( \
+                       SELECT due.id, pg_catalog.nextval({sequence}) AS new_id FROM due \
+                       WHERE NOT EXISTS (SELECT FROM kept \
+                                         WHERE kept.id OPERATOR(pg_catalog.=) due.id)), \
+                     renumbered AS ( \
+                       INSERT INTO {s}.outbox (id, topic, payload, created_at, key, headers, lane) \
+                       SELECT t.new_id, due.topic, due.payload, due.created_at, due.key, \
+                              due.headers, due.lane \
+                       FROM taken t JOIN due ON due.id OPERATOR(pg_catalog.=) t.id \
+                       ON CONFLICT DO NOTHING RETURNING id), \
+                     moved AS ( \
+                       SELECT kept.id, kept.id AS new_id FROM kept \
+                       UNION ALL \
+                       SELECT t.id, t.new_id FROM taken t \
+                       JOIN renumbered r ON r.id OPERATOR(pg_catalog.=) t.new_id), \
+                     gone AS ( \
+                       DELETE FROM {s}.outbox_delayed d USING moved \
+                       WHERE d.id OPERATOR(pg_catalog.=) moved.id \
+                       RETURNING d.id, moved.new_id) \
+                     SELECT pg_catalog.count(*), \
+                            pg_catalog.array_agg(g.id) \
+                                FILTER (WHERE g.id OPERATOR(pg_catalog.<>) g.new_id), \
+                            pg_catalog.array_agg(g.new_id) \
+                                FILTER (WHERE g.id OPERATOR(pg_catalog.<>) g.new_id) \
+                     FROM gone g",
+                    sequence = spi::quote_literal(format!("{s}.outbox_id_seq"))
+                        + "::pg_catalog.regclass",
                 ),
                 &[pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID],
             ),
@@ -423,17 +465,33 @@ impl Statements {
     }
 
     /// Moves up to `limit` due events of `lanes` from `outbox_delayed` into `outbox`, where the
-    /// claims that follow in the same transaction see them; returns how many.
-    pub fn move_due(&self, limit: usize, lanes: &std::ops::Range<i16>) -> usize {
+    /// claims that follow in the same transaction see them.
+    pub fn move_due(&self, limit: usize, lanes: &std::ops::Range<i16>) -> MovedDue {
         Spi::connect_mut(|client| {
-            client
+            let row = client
                 .update(
                     &self.move_due,
                     None,
                     &[(limit as i64).into(), lanes.start.into(), lanes.end.into()],
                 )
-                .unwrap_or_else(|e| error!("outbox relay: moving due delayed events failed: {e}"))
-                .len()
+                .and_then(|table| {
+                    let row = table.first();
+                    Ok((
+                        row.get::<i64>(1)?,
+                        row.get::<Vec<i64>>(2)?,
+                        row.get::<Vec<i64>>(3)?,
+                    ))
+                })
+                .unwrap_or_else(|e| error!("outbox relay: moving due delayed events failed: {e}"));
+            let (count, delayed, ids) = row;
+            MovedDue {
+                count: count.unwrap_or(0) as usize,
+                renumbered: delayed
+                    .unwrap_or_default()
+                    .into_iter()
+                    .zip(ids.unwrap_or_default())
+                    .collect(),
+            }
         })
     }
 
