@@ -1056,3 +1056,50 @@ fn a_corrected_redis_url_is_tried_at_once_after_a_reload() {
         "the corrected URL was tried {took:?} after the reload"
     );
 }
+
+/// The anonymous memory of a process now, in KiB (`RssAnon`: its heap, not the shared buffers
+/// it touched).
+fn anonymous_kib(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Events are bounded in the relay's memory by bytes, not only by count: forty rows with 8 MB
+/// keys (written by hand, as rows from before keys were capped; they compress to a few KB)
+/// make a batch of 320 MB of text, which the relay would hold twice over. Claims stop reading
+/// at 16 MB, so the worker's heap stays far below one batch.
+#[test]
+fn large_events_are_claimed_a_few_megabytes_at_a_time() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let pid = pg.worker_pids()[0];
+    let before = anonymous_kib(pid).expect("cannot read the worker's memory");
+    client
+        .batch_execute(
+            "INSERT INTO outbox (topic, payload, key, lane) \
+             SELECT 'large', jsonb_build_object('n', g), k, outbox_lane(k, 'large') \
+             FROM generate_series(1, 40) g, LATERAL (SELECT repeat('k', 8 * 1024 * 1024) || g AS k) key",
+        )
+        .unwrap();
+    let mut peak = before;
+    let drained = wait_until(Duration::from_secs(120), || {
+        peak = peak.max(anonymous_kib(pid).unwrap_or(0));
+        pg.pending() == 0
+    });
+    assert!(drained, "the large events were not published");
+    assert_eq!(redis.xlen("large"), 40);
+    let grown_mb = peak.saturating_sub(before) / 1024;
+    // One batch read whole is 320 MB of keys, held twice: over 600 MB.
+    assert!(
+        grown_mb < 200,
+        "the worker's heap grew by {grown_mb} MB while relaying 40 events of 8 MB"
+    );
+    // Published in id order, none twice.
+    let ids = redis.ids("large");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+}

@@ -108,6 +108,9 @@ impl Relay {
         // The lowest id of the events that had failed and went out or to outbox_dead in this
         // pass: the later events of their keys, passed by until now, have higher ids.
         let mut released: Option<i64> = None;
+        // Whether a claim read its fill of bytes and left rows unread: the pass claims no more,
+        // since a later claim could take later events of their keys.
+        let mut full_of_bytes = false;
         while next.len() > 0 {
             let got = next.len();
             claimed += got;
@@ -115,14 +118,19 @@ impl Relay {
             let Claimed {
                 mut events,
                 unreadable,
+                left,
                 ..
             } = next;
+            if !left.is_empty() {
+                full_of_bytes = true;
+                order.defer();
+            }
             if !unreadable.is_empty() {
                 released = lowest(released, self.charge_failures(unreadable));
             }
             order.admit(&mut events);
             if events.is_empty() {
-                next = if got == chunk && claimed < batch_size {
+                next = if got == chunk && claimed < batch_size && !full_of_bytes {
                     self.claim(chunk.min(batch_size - claimed), &scope)
                 } else {
                     Claimed::default()
@@ -141,7 +149,7 @@ impl Relay {
             }
             // Written while Redis works; undone by the rollback if Redis fails.
             statements.mark_published(ids);
-            next = if got == chunk && claimed < batch_size {
+            next = if got == chunk && claimed < batch_size && !full_of_bytes {
                 self.claim(chunk.min(batch_size - claimed), &scope)
             } else {
                 Claimed::default()
@@ -243,7 +251,7 @@ impl Relay {
             // below them again.
             self.start.rewind(id);
         }
-        if claimed == batch_size {
+        if claimed == batch_size || full_of_bytes {
             batch.pass = Pass::Full;
         } else if order.deferred() && batch.published > 0 {
             // Events held back for going to another stream than their key's earlier ones: the

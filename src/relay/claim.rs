@@ -46,11 +46,14 @@ pub struct Claimed {
     pub looked_fresh: bool,
     /// The highest id among the events claimed that never failed.
     fresh_highest: Option<i64>,
+    /// Rows claimed (and locked) but left unread, the claim having read [`CLAIM_BYTES`]:
+    /// they stay unpublished and go out in a later pass.
+    pub left: Vec<i64>,
 }
 
 impl Claimed {
     pub fn len(&self) -> usize {
-        self.events.len() + self.unreadable.len()
+        self.events.len() + self.unreadable.len() + self.left.len()
     }
 
     /// The highest id claimed among the events that never failed, if any: how far the claim
@@ -63,20 +66,27 @@ impl Claimed {
     /// The highest id of everything in this claim.
     fn highest_of_all(&self) -> Option<i64> {
         let events = self.events.iter().map(|e| e.id);
-        events.chain(self.unreadable.iter().map(|f| f.id)).max()
+        let unreadable = self.unreadable.iter().map(|f| f.id);
+        events
+            .chain(unreadable)
+            .chain(self.left.iter().copied())
+            .max()
     }
 
-    /// Keeps at most `n` of the events, readable ones first.
+    /// Keeps at most `n` of the events, readable ones first, those left unread last.
     fn truncate(&mut self, n: usize) {
         self.events.truncate(n);
         self.unreadable.truncate(n - self.events.len());
+        self.left
+            .truncate(n - self.events.len() - self.unreadable.len());
     }
 
     /// Adds `due`'s events and keeps the whole in id order.
     fn add_due(&mut self, due: Claimed) {
-        if !due.events.is_empty() || !due.unreadable.is_empty() {
+        if !due.events.is_empty() || !due.unreadable.is_empty() || !due.left.is_empty() {
             self.events.extend(due.events);
             self.unreadable.extend(due.unreadable);
+            self.left.extend(due.left);
             self.events.sort_unstable_by_key(|e| e.id);
         }
     }
@@ -550,6 +560,7 @@ impl Statements {
                     let below = run(&self.claim_fresh_below, room - claimed.len(), Some(above));
                     claimed.events.splice(0..0, below.events);
                     claimed.unreadable.extend(below.unreadable);
+                    claimed.left.extend(below.left);
                 }
                 claimed
             }
@@ -650,16 +661,35 @@ fn run_claim(
     args.extend(id.map(|id| (pg_sys::INT8OID, pg_sys::Datum::from(id))));
     let utf8_database = utf8::database_is_utf8();
     let mut claimed = Claimed {
-        events: Vec::with_capacity(limit),
+        events: Vec::with_capacity(limit.min(1024)),
         ..Claimed::default()
     };
+    let mut bytes = 0;
     statement.run(
         &args,
-        &mut |values, nulls| read_row(&mut claimed, values, nulls, utf8_database),
+        &mut |values, nulls| {
+            if bytes >= CLAIM_BYTES {
+                // Locked by the claim, and left for a later pass (`left`); the first row is
+                // always read, however long.
+                claimed.left.push(values[0].value() as i64);
+                return;
+            }
+            let read = claimed.events.len();
+            read_row(&mut claimed, values, nulls, utf8_database);
+            bytes += claimed.events[read..]
+                .iter()
+                .map(Event::text_bytes)
+                .sum::<usize>();
+        },
         "claim failed",
     );
     claimed
 }
+
+/// Most bytes of text (topic, payload, key, headers) one claim reads: a chunk of large events
+/// is held in memory twice over (as read, and as sent), and the next chunk is claimed while
+/// Redis works on it.
+const CLAIM_BYTES: usize = 16 * 1024 * 1024;
 
 /// The claim's columns: their types, in the order of [`CLAIMED_COLUMNS`].
 const CLAIMED_TYPES: [pg_sys::Oid; 7] = [

@@ -22,6 +22,14 @@ pub struct Event {
 }
 
 impl Event {
+    /// The bytes of text the event holds: what a chunk of events costs in memory.
+    pub fn text_bytes(&self) -> usize {
+        self.topic.len()
+            + self.payload.len()
+            + self.key.as_ref().map_or(0, String::len)
+            + self.headers.as_ref().map_or(0, String::len)
+    }
+
     /// The entry's field/value pairs, in the contract's order: `key` and `headers` only when
     /// set. Topic and payload are borrowed: the payload is copied once, into the command sent
     /// to Redis.
