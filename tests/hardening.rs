@@ -1,7 +1,7 @@
 //! Hardening: the relay against a hostile database owner, inherited session defaults, ids used
-//! again, other database encodings, a Redis user with few rights, an absent synchronous
-//! standby, masses of rejected events, an event Redis can never take, pruning after a redrive,
-//! changes to the table, and a redrive by a role granted only EXECUTE.
+//! again, other database encodings (in events and in names), a Redis user with few rights, an
+//! absent synchronous standby, masses of rejected events, an event Redis can never take,
+//! pruning after a redrive, changes to the table, and a redrive by a role granted only EXECUTE.
 
 mod common;
 
@@ -982,6 +982,152 @@ fn a_sql_ascii_database_buries_what_is_not_utf8() {
     );
     assert_eq!(redis.xlen("bad"), 0, "the event was published anyway");
     assert_no_crash(&pg, &pids);
+}
+
+/// A new LATIN1 database `db` (created as `owner`'s, if given), with nothing in it.
+fn latin1_database(pg: &Pg, db: &str, owner: Option<&str>) {
+    let owner = owner.map(|o| format!("OWNER {o}")).unwrap_or_default();
+    pg.connect()
+        .batch_execute(&format!(
+            "CREATE DATABASE {db} {owner} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        ))
+        .unwrap();
+}
+
+/// How many bytes the name of the schema holding the extension takes in `db`.
+fn extension_schema_bytes(pg: &Pg, db: &str) -> i32 {
+    value_in(
+        pg,
+        db,
+        "SELECT octet_length(n.nspname::text) FROM pg_namespace n \
+         JOIN pg_extension e ON e.extnamespace = n.oid WHERE e.extname = 'outbox'",
+    )
+}
+
+/// The server log, bytes that are not UTF-8 replaced: a LATIN1 database's backends may write
+/// some.
+fn log_text(pg: &Pg) -> String {
+    String::from_utf8_lossy(&std::fs::read(pg.log_path()).unwrap_or_default()).into_owned()
+}
+
+/// Asserts that pgrx's conversion of text to a Rust string, which panics on bytes that are not
+/// UTF-8, never ran into a name.
+fn assert_no_utf8_panic(pg: &Pg) {
+    let log = log_text(pg);
+    assert!(
+        !log.contains("should be valid UTF-8"),
+        "a name was read as UTF-8:\n{log}"
+    );
+}
+
+/// A schema's name is bytes in the database's encoding: `"ausgänge"` in a LATIN1 database holds
+/// the byte 0xE4, which is not UTF-8. The worker read it into a Rust string and panicked on
+/// every start; it must relay from that schema, prune there, and name it in UTF-8 in its log.
+#[test]
+fn a_latin1_schema_name_is_relayed_from() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.database", "latin"),
+            ("outbox.poll_interval", "100ms"),
+            // The relay's pruning and emptying of partitions name the schema too.
+            ("outbox.retention", "1s"),
+        ],
+    );
+    latin1_database(&pg, "latin", None);
+    // The client speaks UTF-8; the server converts.
+    session(&pg, "latin")
+        .batch_execute(r#"CREATE SCHEMA "ausgänge"; CREATE EXTENSION outbox SCHEMA "ausgänge""#)
+        .unwrap();
+    assert_eq!(
+        extension_schema_bytes(&pg, "latin"),
+        8,
+        "precondition: the schema's name is stored in LATIN1"
+    );
+    pg.restart();
+    pg.wait_for_workers(1);
+    let pids = pg.worker_pids();
+
+    let mut client = session(&pg, "latin");
+    let ids: Vec<i64> = (0..3)
+        .map(|n| {
+            one(
+                &mut client,
+                &format!(r#"SELECT "ausgänge".outbox_enqueue('schemas', '{{"n": {n}}}')"#),
+            )
+        })
+        .collect();
+    assert_stream_fills(&redis, "schemas", 3);
+    assert_eq!(redis.ids("schemas"), ids);
+    // Published rows are pruned once they are older than the retention and its grace (10 s).
+    assert!(
+        wait_until(Duration::from_secs(60), || value_in::<i64>(
+            &pg,
+            "latin",
+            r#"SELECT count(*) FROM "ausgänge".outbox"#
+        ) == 0),
+        "the published events were never pruned from the schema"
+    );
+    let log = log_text(&pg);
+    assert!(
+        log.contains("relaying from schema \"ausgänge\""),
+        "the log does not name the schema in UTF-8:\n{log}"
+    );
+    assert_no_utf8_panic(&pg);
+    assert_no_crash(&pg, &pids);
+}
+
+/// The database owner owns `public` (PostgreSQL 15 on) and may rename it, the extension in it,
+/// to a name that is not ASCII. The worker fails once on the statements it prepared under the
+/// old name, and must then relay from the new one rather than panic on every start.
+#[test]
+fn a_database_owner_renaming_public_to_a_latin1_name_does_not_stop_the_relay() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.database", "latin"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    pg.connect()
+        .batch_execute("CREATE ROLE shopkeeper LOGIN")
+        .unwrap();
+    latin1_database(&pg, "latin", Some("shopkeeper"));
+    session(&pg, "latin")
+        .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+        .unwrap();
+    pg.restart();
+    pg.wait_for_workers(1);
+    let before: i64 = one(
+        &mut session(&pg, "latin"),
+        "SELECT public.outbox_enqueue('renamed', '{}')",
+    );
+    assert_stream_fills(&redis, "renamed", 1);
+
+    pg.connect_with("latin", "shopkeeper", SESSION_OPTIONS)
+        .batch_execute(r#"ALTER SCHEMA public RENAME TO "öffentlich""#)
+        .unwrap();
+    assert_eq!(
+        extension_schema_bytes(&pg, "latin"),
+        10,
+        "precondition: the new name is stored in LATIN1"
+    );
+    let after: i64 = one(
+        &mut session(&pg, "latin"),
+        r#"SELECT "öffentlich".outbox_enqueue('renamed', '{}')"#,
+    );
+    assert_stream_fills(&redis, "renamed", 2);
+    assert_eq!(redis.ids("renamed"), [before, after]);
+    let log = log_text(&pg);
+    assert!(
+        log.contains("relaying from schema \"öffentlich\""),
+        "the log does not name the schema in UTF-8:\n{log}"
+    );
+    assert_no_utf8_panic(&pg);
+    assert_no_crash(&pg, &pg.worker_pids());
 }
 
 // ---------------------------------------------------------------------------------------------
