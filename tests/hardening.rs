@@ -1130,6 +1130,66 @@ fn a_database_owner_renaming_public_to_a_latin1_name_does_not_stop_the_relay() {
     assert_no_crash(&pg, &pg.worker_pids());
 }
 
+/// A database's name is bytes too: named from a LATIN1 session, `läden` is stored as
+/// `l\xe4den`, and `outbox.database`, set from such a session, holds the same bytes. The check of
+/// the setting refused what is not UTF-8 and the launcher compared names as lossy UTF-8; the
+/// database must be selected and relayed, and `outbox_workers` must name it as
+/// `current_database()` does.
+#[test]
+fn a_database_named_in_latin1_is_selected_and_relayed() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.database", "postgres"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    latin1_database(&pg, "latin", None);
+    latin1_database(&pg, "shop_template", None);
+    // The relay never connects to the template (it could not be copied while anyone is).
+    let id: i64 = {
+        let mut template = session(&pg, "shop_template");
+        template
+            .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+            .unwrap();
+        one(&mut template, "SELECT outbox_enqueue('shops', '{}')")
+    };
+    let mut latin = session(&pg, "latin");
+    latin
+        .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+        .unwrap();
+    latin
+        .batch_execute("CREATE DATABASE \"läden\" TEMPLATE shop_template")
+        .unwrap();
+    assert_eq!(
+        one::<i32>(
+            &mut latin,
+            "SELECT octet_length(datname::text) FROM pg_database WHERE datname = 'läden'"
+        ),
+        5,
+        "precondition: the database's name is stored in LATIN1"
+    );
+    latin
+        .batch_execute("ALTER SYSTEM SET outbox.database = 'läden'")
+        .unwrap_or_else(|e| panic!("outbox.database refused a LATIN1 name: {e:?}"));
+    latin.batch_execute("SELECT pg_reload_conf()").unwrap();
+
+    assert_stream_fills(&redis, "shops", 1);
+    assert_eq!(redis.ids("shops"), [id]);
+    let named: Vec<String> = latin
+        .query(
+            "SELECT database FROM outbox_workers WHERE pid IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(named, ["läden"], "outbox_workers names the database");
+    assert_no_utf8_panic(&pg);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6: a Redis user limited to the stream prefix, without scripting
 // ---------------------------------------------------------------------------------------------
