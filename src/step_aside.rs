@@ -92,9 +92,12 @@ fn step_aside(name: &CStr) -> Option<u32> {
     Some(oid)
 }
 
-/// A command about to drop or rename a database, and the database it paused.
+/// What stepping aside did for a command: whether it renames the database, and the database it
+/// paused. Plain data: it is kept across the command, which may end in PostgreSQL's longjmp,
+/// past any destructor.
+#[derive(Clone, Copy)]
 pub struct SteppingAside {
-    leaving: Leaving,
+    rename: bool,
     paused: Option<u32>,
 }
 
@@ -112,14 +115,17 @@ pub unsafe fn before(node: *mut pg_sys::Node) -> Option<SteppingAside> {
         Leaving::Drop(_) if unsafe { pg_sys::IsTransactionBlock() } => None,
         Leaving::Drop(name) | Leaving::Rename(name) => step_aside(name),
     };
-    Some(SteppingAside { leaving, paused })
+    Some(SteppingAside {
+        rename: matches!(leaving, Leaving::Rename(_)),
+        paused,
+    })
 }
 
 /// After the statement ran: a renamed database is relayed again at once (if the setting still
 /// selects it).
 pub fn after(stepped: Option<SteppingAside>) {
     if let Some(SteppingAside {
-        leaving: Leaving::Rename(_),
+        rename: true,
         paused: Some(oid),
     }) = stepped
     {

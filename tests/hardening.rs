@@ -1,7 +1,8 @@
 //! Hardening: the relay against a hostile database owner, inherited session defaults, ids used
 //! again, other database encodings (in events and in names), a Redis user with few rights, an
 //! absent synchronous standby, masses of rejected events, an event Redis can never take,
-//! pruning after a redrive, changes to the table, and a redrive by a role granted only EXECUTE.
+//! pruning after a redrive, changes to the table, a redrive by a role granted only EXECUTE, and
+//! PostgreSQL's errors through the utility hook.
 
 mod common;
 
@@ -1882,4 +1883,50 @@ fn a_role_granted_only_execute_can_redrive() {
             .unwrap_err();
         assert_eq!(sqlstate(&error), "42501", "ops reads {table}: {error:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 14: PostgreSQL's own errors through the utility hook
+// ---------------------------------------------------------------------------------------------
+
+/// Every utility statement of the server runs through the extension's hook. An error
+/// PostgreSQL raises there must reach the client as PostgreSQL raised it: run under pgrx's
+/// guard, it came back as an error of pgrx's, without its position and, with `RUST_BACKTRACE`
+/// in the server's environment, with a Rust backtrace in its DETAIL.
+#[test]
+fn postgres_errors_in_utility_statements_reach_the_client_unchanged() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    pg.restart_with_env(&[("RUST_BACKTRACE", "1")]);
+    let mut client = pg.connect();
+
+    let error = client
+        .batch_execute("GRANT EXECUTE ON FUNCTION no_such_fn() TO PUBLIC")
+        .unwrap_err();
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "42883", "{db:?}");
+    assert_eq!(db.message(), "function no_such_fn() does not exist");
+    assert_eq!(
+        db.detail(),
+        None,
+        "PostgreSQL's error has no DETAIL: {db:?}"
+    );
+
+    let error = client
+        .batch_execute("CREATE TABLE t (a no_such_type)")
+        .unwrap_err();
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "42704", "{db:?}");
+    assert_eq!(db.message(), "type \"no_such_type\" does not exist");
+    assert_eq!(
+        db.detail(),
+        None,
+        "PostgreSQL's error has no DETAIL: {db:?}"
+    );
+    assert!(
+        matches!(
+            db.position(),
+            Some(postgres::error::ErrorPosition::Original(_))
+        ),
+        "the error lost its position in the statement: {db:?}"
+    );
 }
