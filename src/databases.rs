@@ -6,41 +6,45 @@
 pub enum Selection {
     /// `*`: every database that allows connections and is not a template.
     All,
-    /// These, by name, in the order given, each once.
-    Named(Vec<String>),
+    /// These, by name, in the order given, each once. A name is bytes, as `pg_database` holds
+    /// it: in the encoding of the session that named it, not necessarily UTF-8.
+    Named(Vec<Vec<u8>>),
 }
 
 impl Selection {
     /// Reads the setting; says what is wrong with it otherwise.
-    pub fn parse(setting: &str) -> Result<Selection, String> {
-        let items: Vec<&str> = setting
-            .split(',')
-            .map(str::trim)
+    pub fn parse(setting: &[u8]) -> Result<Selection, String> {
+        let items: Vec<&[u8]> = setting
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
             .filter(|s| !s.is_empty())
             .collect();
-        if items == ["*"] {
+        if items == [b"*"] {
             return Ok(Selection::All);
         }
         if items.is_empty() {
             return Err("name a database, several separated by commas, or *".into());
         }
-        let mut names: Vec<String> = Vec::new();
+        let mut names: Vec<Vec<u8>> = Vec::new();
         for item in items {
-            if item == "*" {
+            if item == b"*" {
                 return Err("* stands alone: it already means every database".into());
             }
             if item.len() >= 64 {
-                return Err(format!("\"{item}\" is longer than a database name can be"));
+                return Err(format!(
+                    "\"{}\" is longer than a database name can be",
+                    String::from_utf8_lossy(item)
+                ));
             }
             if !names.iter().any(|n| n == item) {
-                names.push(item.to_string());
+                names.push(item.to_vec());
             }
         }
         Ok(Selection::Named(names))
     }
 
     /// Whether the database `name` (allowing connections, `template` or not) is selected.
-    pub fn selects(&self, name: &str, template: bool) -> bool {
+    pub fn selects(&self, name: &[u8], template: bool) -> bool {
         match self {
             Selection::All => !template,
             Selection::Named(names) => names.iter().any(|n| n == name),
@@ -66,31 +70,43 @@ mod tests {
     #[test]
     fn reads_one_name_a_list_or_every_database() {
         assert_eq!(
-            Selection::parse("postgres"),
-            Ok(Selection::Named(vec!["postgres".into()]))
+            Selection::parse(b"postgres"),
+            Ok(Selection::Named(vec![b"postgres".to_vec()]))
         );
         assert_eq!(
-            Selection::parse(" shop, billing ,shop,, "),
-            Ok(Selection::Named(vec!["shop".into(), "billing".into()]))
+            Selection::parse(b" shop, billing ,shop,, "),
+            Ok(Selection::Named(vec![
+                b"shop".to_vec(),
+                b"billing".to_vec()
+            ]))
         );
-        assert_eq!(Selection::parse(" * "), Ok(Selection::All));
-        assert!(Selection::parse("").is_err());
-        assert!(Selection::parse(" , ").is_err());
-        assert!(Selection::parse("shop,*").is_err());
-        assert!(Selection::parse(&"x".repeat(64)).is_err());
+        assert_eq!(Selection::parse(b" * "), Ok(Selection::All));
+        assert!(Selection::parse(b"").is_err());
+        assert!(Selection::parse(b" , ").is_err());
+        assert!(Selection::parse(b"shop,*").is_err());
+        assert!(Selection::parse("x".repeat(64).as_bytes()).is_err());
     }
 
     #[test]
     fn every_database_leaves_out_templates_and_names_take_only_themselves() {
         let all = Selection::All;
-        assert!(all.selects("shop", false));
-        assert!(!all.selects("template1", true));
+        assert!(all.selects(b"shop", false));
+        assert!(!all.selects(b"template1", true));
         assert!(!all.waits_for_extension());
-        let named = Selection::parse("shop,template1").unwrap();
-        assert!(named.selects("shop", false));
-        assert!(named.selects("template1", true));
-        assert!(!named.selects("billing", false));
+        let named = Selection::parse(b"shop,template1").unwrap();
+        assert!(named.selects(b"shop", false));
+        assert!(named.selects(b"template1", true));
+        assert!(!named.selects(b"billing", false));
         assert!(named.waits_for_extension());
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_selects_only_its_own_bytes() {
+        // "läden" in LATIN1, and in UTF-8.
+        let named = Selection::parse(b"l\xe4den, shop").unwrap();
+        assert!(named.selects(b"l\xe4den", false));
+        assert!(!named.selects("läden".as_bytes(), false));
+        assert!(!named.selects(b"l\xf6den", false));
     }
 
     #[test]

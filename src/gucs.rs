@@ -328,8 +328,9 @@ fn seconds(setting: &GucSetting<i32>) -> Duration {
     Duration::from_secs(setting.get().max(0) as u64)
 }
 
-pub fn database() -> String {
-    string(&DATABASE)
+/// As bytes: a database's name need not be UTF-8 (see `databases.rs`).
+pub fn database() -> Vec<u8> {
+    DATABASE.get().map(CString::into_bytes).unwrap_or_default()
 }
 
 pub fn workers() -> usize {
@@ -536,8 +537,15 @@ unsafe extern "C-unwind" fn check_database(
     _extra: *mut *mut c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook.
-    let value = unsafe { candidate(newval) }.unwrap_or("");
+    // SAFETY: called by PostgreSQL as a string check hook, with a NUL-terminated value or null.
+    let value = unsafe {
+        let ptr = *newval;
+        if ptr.is_null() {
+            &[][..]
+        } else {
+            CStr::from_ptr(ptr).to_bytes()
+        }
+    };
     match crate::databases::Selection::parse(value) {
         Ok(_) => true,
         Err(why) => {

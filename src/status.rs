@@ -2,6 +2,7 @@
 //! shared-memory slots. Without the preload there are no slots, and no relay is running.
 
 use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::shmem::{self, WorkerState};
@@ -61,13 +62,16 @@ fn _outbox_worker_slots() -> TableIterator<
 #[pg_extern(sql = false)]
 fn _outbox_last_published_at() -> Option<TimestampWithTimeZone> {
     // SAFETY: reads this backend's database.
-    let database = unsafe { pgrx::pg_sys::MyDatabaseId.to_u32() };
+    let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
     timestamp(shmem::shared()?.database(database)?.last_published_at())
 }
 
-/// The name of the database slot `slot` is assigned to; NULL if none (or it was dropped).
+/// The name of the database slot `slot` is assigned to, as `text` (declared so in
+/// `sql/outbox.sql`); NULL if none (or it was dropped). The name's bytes go out as they are, as
+/// `current_database()` gives them, which the views compare it with: they need not be UTF-8, so
+/// they are returned as a varlena of bytes, which is what a `text` value is.
 #[pg_extern(sql = false)]
-fn _outbox_slot_database(slot: i32) -> Option<String> {
+fn _outbox_slot_database(slot: i32) -> Option<Vec<u8>> {
     let shared = shmem::shared()?;
     let index = usize::try_from(slot).ok()?;
     let database = shared.all_slots().get(index)?.database();
@@ -76,7 +80,7 @@ fn _outbox_slot_database(slot: i32) -> Option<String> {
     }
     // SAFETY: a catalog lookup by OID, inside the caller's transaction.
     unsafe {
-        let raw = pgrx::pg_sys::get_database_name(pgrx::pg_sys::Oid::from(database));
-        (!raw.is_null()).then(|| std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned())
+        let raw = pg_sys::get_database_name(pg_sys::Oid::from(database));
+        (!raw.is_null()).then(|| std::ffi::CStr::from_ptr(raw).to_bytes().to_vec())
     }
 }

@@ -5,7 +5,7 @@
 //! its workers are asked to leave and waited for, and the command runs. A paused database is picked up again ten seconds later, should the command have
 //! failed; after a rename, at once.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
@@ -17,10 +17,11 @@ const PAUSE: Duration = Duration::from_secs(10);
 /// How long the command waits for the workers to leave; `DROP DATABASE` itself waits 5 s more.
 const WAIT: Duration = Duration::from_secs(5);
 
-/// What a statement does to a database the relay may be connected to.
+/// What a statement does to a database the relay may be connected to, named as the statement
+/// names it: bytes in the session's database encoding, which need not be UTF-8.
 enum Leaving {
-    Drop(String),
-    Rename(String),
+    Drop(CString),
+    Rename(CString),
 }
 
 /// The database a `DROP DATABASE` or a rename of a database is about, if the statement is one.
@@ -33,9 +34,8 @@ unsafe fn leaving(node: *mut pg_sys::Node) -> Option<Leaving> {
         if node.is_null() {
             return None;
         }
-        let name = |raw: *const std::ffi::c_char| {
-            (!raw.is_null()).then(|| CStr::from_ptr(raw).to_string_lossy().into_owned())
-        };
+        let name =
+            |raw: *const std::ffi::c_char| (!raw.is_null()).then(|| CStr::from_ptr(raw).to_owned());
         match (*node).type_ {
             pg_sys::NodeTag::T_DropdbStmt => {
                 name((*node.cast::<pg_sys::DropdbStmt>()).dbname).map(Leaving::Drop)
@@ -55,11 +55,10 @@ unsafe fn leaving(node: *mut pg_sys::Node) -> Option<Leaving> {
 
 /// Pauses the database `name` and waits until none of its relay workers is connected; returns
 /// its OID if it was paused.
-fn step_aside(name: &str) -> Option<u32> {
+fn step_aside(name: &CStr) -> Option<u32> {
     let shared = shmem::shared()?;
-    let cname = std::ffi::CString::new(name).ok()?;
     // SAFETY: a catalog lookup by name inside the statement's transaction.
-    let oid = unsafe { pg_sys::get_database_oid(cname.as_ptr(), true) };
+    let oid = unsafe { pg_sys::get_database_oid(name.as_ptr(), true) };
     // Only for someone the command will let through: anyone else could stop the relay for ten
     // seconds with a DROP DATABASE that fails.
     if oid == pg_sys::InvalidOid || !crate::compat::owns_database(oid) {
@@ -93,9 +92,12 @@ fn step_aside(name: &str) -> Option<u32> {
     Some(oid)
 }
 
-/// A command about to drop or rename a database, and the database it paused.
+/// What stepping aside did for a command: whether it renames the database, and the database it
+/// paused. Plain data: it is kept across the command, which may end in PostgreSQL's longjmp,
+/// past any destructor.
+#[derive(Clone, Copy)]
 pub struct SteppingAside {
-    leaving: Leaving,
+    rename: bool,
     paused: Option<u32>,
 }
 
@@ -113,14 +115,17 @@ pub unsafe fn before(node: *mut pg_sys::Node) -> Option<SteppingAside> {
         Leaving::Drop(_) if unsafe { pg_sys::IsTransactionBlock() } => None,
         Leaving::Drop(name) | Leaving::Rename(name) => step_aside(name),
     };
-    Some(SteppingAside { leaving, paused })
+    Some(SteppingAside {
+        rename: matches!(leaving, Leaving::Rename(_)),
+        paused,
+    })
 }
 
 /// After the statement ran: a renamed database is relayed again at once (if the setting still
 /// selects it).
 pub fn after(stepped: Option<SteppingAside>) {
     if let Some(SteppingAside {
-        leaving: Leaving::Rename(_),
+        rename: true,
         paused: Some(oid),
     }) = stepped
     {

@@ -1,7 +1,8 @@
 //! Hardening: the relay against a hostile database owner, inherited session defaults, ids used
-//! again, other database encodings, a Redis user with few rights, an absent synchronous
-//! standby, masses of rejected events, an event Redis can never take, pruning after a redrive,
-//! changes to the table, and a redrive by a role granted only EXECUTE.
+//! again, other database encodings (in events and in names), a Redis user with few rights, an
+//! absent synchronous standby, masses of rejected events, an event Redis can never take,
+//! pruning after a redrive, changes to the table, a redrive by a role granted only EXECUTE, and
+//! PostgreSQL's errors through the utility hook.
 
 mod common;
 
@@ -989,6 +990,212 @@ fn a_sql_ascii_database_buries_what_is_not_utf8() {
     assert_no_crash(&pg, &pids);
 }
 
+/// A new LATIN1 database `db` (created as `owner`'s, if given), with nothing in it.
+fn latin1_database(pg: &Pg, db: &str, owner: Option<&str>) {
+    let owner = owner.map(|o| format!("OWNER {o}")).unwrap_or_default();
+    pg.connect()
+        .batch_execute(&format!(
+            "CREATE DATABASE {db} {owner} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        ))
+        .unwrap();
+}
+
+/// How many bytes the name of the schema holding the extension takes in `db`.
+fn extension_schema_bytes(pg: &Pg, db: &str) -> i32 {
+    value_in(
+        pg,
+        db,
+        "SELECT octet_length(n.nspname::text) FROM pg_namespace n \
+         JOIN pg_extension e ON e.extnamespace = n.oid WHERE e.extname = 'outbox'",
+    )
+}
+
+/// The server log, bytes that are not UTF-8 replaced: a LATIN1 database's backends may write
+/// some.
+fn log_text(pg: &Pg) -> String {
+    String::from_utf8_lossy(&std::fs::read(pg.log_path()).unwrap_or_default()).into_owned()
+}
+
+/// Asserts that pgrx's conversion of text to a Rust string, which panics on bytes that are not
+/// UTF-8, never ran into a name.
+fn assert_no_utf8_panic(pg: &Pg) {
+    let log = log_text(pg);
+    assert!(
+        !log.contains("should be valid UTF-8"),
+        "a name was read as UTF-8:\n{log}"
+    );
+}
+
+/// A schema's name is bytes in the database's encoding: `"ausgänge"` in a LATIN1 database holds
+/// the byte 0xE4, which is not UTF-8. The worker read it into a Rust string and panicked on
+/// every start; it must relay from that schema, prune there, and name it in UTF-8 in its log.
+#[test]
+fn a_latin1_schema_name_is_relayed_from() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.database", "latin"),
+            ("outbox.poll_interval", "100ms"),
+            // The relay's pruning and emptying of partitions name the schema too.
+            ("outbox.retention", "1s"),
+        ],
+    );
+    latin1_database(&pg, "latin", None);
+    // The client speaks UTF-8; the server converts.
+    session(&pg, "latin")
+        .batch_execute(r#"CREATE SCHEMA "ausgänge"; CREATE EXTENSION outbox SCHEMA "ausgänge""#)
+        .unwrap();
+    assert_eq!(
+        extension_schema_bytes(&pg, "latin"),
+        8,
+        "precondition: the schema's name is stored in LATIN1"
+    );
+    pg.restart();
+    pg.wait_for_workers(1);
+    let pids = pg.worker_pids();
+
+    let mut client = session(&pg, "latin");
+    let ids: Vec<i64> = (0..3)
+        .map(|n| {
+            one(
+                &mut client,
+                &format!(r#"SELECT "ausgänge".outbox_enqueue('schemas', '{{"n": {n}}}')"#),
+            )
+        })
+        .collect();
+    assert_stream_fills(&redis, "schemas", 3);
+    assert_eq!(redis.ids("schemas"), ids);
+    // Published rows are pruned once they are older than the retention and its grace (10 s).
+    assert!(
+        wait_until(Duration::from_secs(60), || value_in::<i64>(
+            &pg,
+            "latin",
+            r#"SELECT count(*) FROM "ausgänge".outbox"#
+        ) == 0),
+        "the published events were never pruned from the schema"
+    );
+    let log = log_text(&pg);
+    assert!(
+        log.contains("relaying from schema \"ausgänge\""),
+        "the log does not name the schema in UTF-8:\n{log}"
+    );
+    assert_no_utf8_panic(&pg);
+    assert_no_crash(&pg, &pids);
+}
+
+/// The database owner owns `public` (PostgreSQL 15 on) and may rename it, the extension in it,
+/// to a name that is not ASCII. The worker fails once on the statements it prepared under the
+/// old name, and must then relay from the new one rather than panic on every start.
+#[test]
+fn a_database_owner_renaming_public_to_a_latin1_name_does_not_stop_the_relay() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.database", "latin"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    pg.connect()
+        .batch_execute("CREATE ROLE shopkeeper LOGIN")
+        .unwrap();
+    latin1_database(&pg, "latin", Some("shopkeeper"));
+    session(&pg, "latin")
+        .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+        .unwrap();
+    pg.restart();
+    pg.wait_for_workers(1);
+    let before: i64 = one(
+        &mut session(&pg, "latin"),
+        "SELECT public.outbox_enqueue('renamed', '{}')",
+    );
+    assert_stream_fills(&redis, "renamed", 1);
+
+    pg.connect_with("latin", "shopkeeper", SESSION_OPTIONS)
+        .batch_execute(r#"ALTER SCHEMA public RENAME TO "öffentlich""#)
+        .unwrap();
+    assert_eq!(
+        extension_schema_bytes(&pg, "latin"),
+        10,
+        "precondition: the new name is stored in LATIN1"
+    );
+    let after: i64 = one(
+        &mut session(&pg, "latin"),
+        r#"SELECT "öffentlich".outbox_enqueue('renamed', '{}')"#,
+    );
+    assert_stream_fills(&redis, "renamed", 2);
+    assert_eq!(redis.ids("renamed"), [before, after]);
+    let log = log_text(&pg);
+    assert!(
+        log.contains("relaying from schema \"öffentlich\""),
+        "the log does not name the schema in UTF-8:\n{log}"
+    );
+    assert_no_utf8_panic(&pg);
+    assert_no_crash(&pg, &pg.worker_pids());
+}
+
+/// A database's name is bytes too: named from a LATIN1 session, `läden` is stored as
+/// `l\xe4den`, and `outbox.database`, set from such a session, holds the same bytes. The check of
+/// the setting refused what is not UTF-8 and the launcher compared names as lossy UTF-8; the
+/// database must be selected and relayed, and `outbox_workers` must name it as
+/// `current_database()` does.
+#[test]
+fn a_database_named_in_latin1_is_selected_and_relayed() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.database", "postgres"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    latin1_database(&pg, "latin", None);
+    latin1_database(&pg, "shop_template", None);
+    // The relay never connects to the template (it could not be copied while anyone is).
+    let id: i64 = {
+        let mut template = session(&pg, "shop_template");
+        template
+            .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+            .unwrap();
+        one(&mut template, "SELECT outbox_enqueue('shops', '{}')")
+    };
+    let mut latin = session(&pg, "latin");
+    latin
+        .batch_execute("CREATE EXTENSION outbox SCHEMA public")
+        .unwrap();
+    latin
+        .batch_execute("CREATE DATABASE \"läden\" TEMPLATE shop_template")
+        .unwrap();
+    assert_eq!(
+        one::<i32>(
+            &mut latin,
+            "SELECT octet_length(datname::text) FROM pg_database WHERE datname = 'läden'"
+        ),
+        5,
+        "precondition: the database's name is stored in LATIN1"
+    );
+    latin
+        .batch_execute("ALTER SYSTEM SET outbox.database = 'läden'")
+        .unwrap_or_else(|e| panic!("outbox.database refused a LATIN1 name: {e:?}"));
+    latin.batch_execute("SELECT pg_reload_conf()").unwrap();
+
+    assert_stream_fills(&redis, "shops", 1);
+    assert_eq!(redis.ids("shops"), [id]);
+    let named: Vec<String> = latin
+        .query(
+            "SELECT database FROM outbox_workers WHERE pid IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(named, ["läden"], "outbox_workers names the database");
+    assert_no_utf8_panic(&pg);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6: a Redis user limited to the stream prefix, without scripting
 // ---------------------------------------------------------------------------------------------
@@ -1685,4 +1892,50 @@ fn a_role_granted_only_execute_can_redrive() {
             .unwrap_err();
         assert_eq!(sqlstate(&error), "42501", "ops reads {table}: {error:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 14: PostgreSQL's own errors through the utility hook
+// ---------------------------------------------------------------------------------------------
+
+/// Every utility statement of the server runs through the extension's hook. An error
+/// PostgreSQL raises there must reach the client as PostgreSQL raised it: run under pgrx's
+/// guard, it came back as an error of pgrx's, without its position and, with `RUST_BACKTRACE`
+/// in the server's environment, with a Rust backtrace in its DETAIL.
+#[test]
+fn postgres_errors_in_utility_statements_reach_the_client_unchanged() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    pg.restart_with_env(&[("RUST_BACKTRACE", "1")]);
+    let mut client = pg.connect();
+
+    let error = client
+        .batch_execute("GRANT EXECUTE ON FUNCTION no_such_fn() TO PUBLIC")
+        .unwrap_err();
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "42883", "{db:?}");
+    assert_eq!(db.message(), "function no_such_fn() does not exist");
+    assert_eq!(
+        db.detail(),
+        None,
+        "PostgreSQL's error has no DETAIL: {db:?}"
+    );
+
+    let error = client
+        .batch_execute("CREATE TABLE t (a no_such_type)")
+        .unwrap_err();
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "42704", "{db:?}");
+    assert_eq!(db.message(), "type \"no_such_type\" does not exist");
+    assert_eq!(
+        db.detail(),
+        None,
+        "PostgreSQL's error has no DETAIL: {db:?}"
+    );
+    assert!(
+        matches!(
+            db.position(),
+            Some(postgres::error::ErrorPosition::Original(_))
+        ),
+        "the error lost its position in the statement: {db:?}"
+    );
 }

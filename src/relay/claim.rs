@@ -15,20 +15,48 @@ use super::cursor::Reach;
 use super::encode::{ascii_safe, Event};
 use super::retry::DueLook;
 use super::rows::Plan;
+use super::schema::{Schema, SCHEMA};
 use super::spare;
 use crate::ring::{self, LEAVES};
 use crate::utf8;
 
-/// The schema the extension with oid `oid` lives in, and its installed version.
-pub fn extension_schema(oid: pg_sys::Oid) -> Option<(String, String)> {
-    let (schema, version) = Spi::get_two_with_args::<String, String>(
-        "SELECT n.nspname::pg_catalog.text, e.extversion FROM pg_catalog.pg_extension e \
-         JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace \
-         WHERE e.oid OPERATOR(pg_catalog.=) $1",
-        &[oid.into()],
-    )
-    .ok()?;
-    Some((schema?, version?))
+/// The schema the extension with oid `oid` lives in, and its installed version (as UTF-8, for
+/// comparing and logging: like a name, it is text in the database's encoding).
+pub fn extension_schema(oid: pg_sys::Oid) -> Option<(Schema, String)> {
+    let (namespace, version) = Spi::connect_mut(|client| {
+        let row = client
+            .update(
+                "SELECT e.extnamespace, e.extversion FROM pg_catalog.pg_extension e \
+                 WHERE e.oid OPERATOR(pg_catalog.=) $1",
+                Some(1),
+                &[oid.into()],
+            )
+            .ok()?
+            .first();
+        let namespace = row.get::<pg_sys::Oid>(1).ok()??;
+        let version = row.get_datum_by_ordinal(2).ok()??;
+        // SAFETY: a non-null text datum of the row just read, valid while SPI is connected.
+        let version = unsafe { text_shown(version) };
+        Some((namespace, version))
+    })?;
+    Some((Schema::of(namespace)?, version))
+}
+
+/// A text datum of the database as UTF-8, bytes with no UTF-8 form replaced: for what is only
+/// compared with our own text or shown.
+///
+/// # Safety
+/// `datum` must be a non-null text datum.
+unsafe fn text_shown(datum: pg_sys::Datum) -> String {
+    // SAFETY: guaranteed by the caller; the bytes are copied before the detoasted copy goes.
+    let bytes = unsafe {
+        let text = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+        pgrx::varlena::varlena_to_byte_slice(text).to_vec()
+    };
+    match utf8::to_utf8(&bytes) {
+        Ok(utf8) => String::from_utf8_lossy(&utf8).into_owned(),
+        Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+    }
 }
 
 /// What a claim took: the events to publish, and those whose text cannot be sent as UTF-8
@@ -193,21 +221,25 @@ pub struct Statements {
     unmark: OwnedPreparedStatement,
     fail: OwnedPreparedStatement,
     bury: OwnedPreparedStatement,
+    /// The schema all of them name.
+    pub schema: Schema,
 }
 
-fn prepare(sql: &str, args: &[pg_sys::Oid]) -> OwnedPreparedStatement {
+/// Prepares `sql`, which names the schema as [`SCHEMA`].
+fn prepare(schema: &Schema, sql: &str, args: &[pg_sys::Oid]) -> OwnedPreparedStatement {
     let args: Vec<PgOid> = args.iter().map(|&oid| PgOid::from(oid)).collect();
+    let text = schema.sql(sql);
     Spi::connect(|client| {
         client
-            .prepare_mut(sql, &args)
-            .unwrap_or_else(|e| error!("outbox relay: cannot prepare {sql}: {e}"))
+            .prepare_mut(text.as_c_str(), &args)
+            .unwrap_or_else(|e| error!("outbox relay: cannot prepare {}: {e}", schema.show(sql)))
             .keep()
     })
 }
 
 /// Prepares a claim, whose rows are read as the executor produces them (see `rows.rs`).
-fn prepare_rows(sql: &str, args: &[pg_sys::Oid]) -> Plan {
-    Plan::prepare(sql, args, &CLAIMED_TYPES)
+fn prepare_rows(schema: &Schema, sql: &str, args: &[pg_sys::Oid]) -> Plan {
+    Plan::prepare(&schema.sql(sql), &schema.show(sql), args, &CLAIMED_TYPES)
 }
 
 /// The order of the claims of events that never failed: the columns of their partial index.
@@ -230,9 +262,9 @@ fn claim_args(with_id: bool) -> Vec<pg_sys::Oid> {
 
 /// A claim of `table` (`outbox` or one partition of it): `filter` follows `WHERE`, `order` is
 /// the `ORDER BY` list, `guard` (empty or from [`failed_key_guard`]) ends the conditions.
-fn claim_sql(schema: &str, table: &str, filter: &str, order: &str, guard: &str) -> String {
+fn claim_sql(table: &str, filter: &str, order: &str, guard: &str) -> String {
     format!(
-        "SELECT {CLAIMED_COLUMNS} FROM {schema}.{table} o \
+        "SELECT {CLAIMED_COLUMNS} FROM {SCHEMA}.{table} o \
          WHERE {filter} \
            AND o.lane OPERATOR(pg_catalog.>=) $2 AND o.lane OPERATOR(pg_catalog.<) $3{guard} \
          ORDER BY {order} LIMIT $1 FOR UPDATE SKIP LOCKED"
@@ -246,7 +278,7 @@ fn claim_sql(schema: &str, table: &str, filter: &str, order: &str, guard: &str) 
 /// of the same key. `OFFSET 0` keeps the planner from turning the check into an anti-join that
 /// reads every failed event (a hash of 30,000 of them took 50 ms a claim); as a subquery run
 /// per claimed row, it is one index probe per partition.
-fn failed_key_guard(schema: &str) -> String {
+fn failed_key_guard() -> String {
     let identity = |t: &str| {
         format!(
             "COALESCE('k' OPERATOR(pg_catalog.||) {t}.key, \
@@ -255,7 +287,7 @@ fn failed_key_guard(schema: &str) -> String {
     };
     let (failed, claimed) = (identity("f"), identity("o"));
     format!(
-        " AND NOT EXISTS (SELECT FROM {schema}.outbox f \
+        " AND NOT EXISTS (SELECT FROM {SCHEMA}.outbox f \
              WHERE f.published_at IS NULL AND f.attempts OPERATOR(pg_catalog.>) 0 \
                AND f.lane OPERATOR(pg_catalog.=) o.lane \
                AND pg_catalog.left({failed}, 200) OPERATOR(pg_catalog.=) \
@@ -267,29 +299,24 @@ fn failed_key_guard(schema: &str) -> String {
 }
 
 /// Prepares a claim of `outbox` in its two forms (see [`claim_sql`] and [`claim_args`]).
-fn prepare_claim(schema: &str, filter: &str, order: &str, with_id: bool) -> Claim {
+fn prepare_claim(schema: &Schema, filter: &str, order: &str, with_id: bool) -> Claim {
     let args = claim_args(with_id);
-    let guard = failed_key_guard(schema);
+    let guard = failed_key_guard();
     Claim {
-        plain: prepare_rows(&claim_sql(schema, "outbox", filter, order, ""), &args),
-        guarded: prepare_rows(&claim_sql(schema, "outbox", filter, order, &guard), &args),
+        plain: prepare_rows(schema, &claim_sql("outbox", filter, order, ""), &args),
+        guarded: prepare_rows(schema, &claim_sql("outbox", filter, order, &guard), &args),
     }
 }
 
 impl Statements {
-    pub fn prepare(extension: pg_sys::Oid, schema: &str) -> Statements {
-        let s = spi::quote_identifier(schema);
+    pub fn prepare(extension: pg_sys::Oid, schema: Schema) -> Statements {
+        let s = SCHEMA;
         let fresh = "o.published_at IS NULL AND o.next_attempt_at IS NULL";
-        let table = Spi::get_one_with_args::<pg_sys::Oid>(
-            "SELECT c.oid FROM pg_catalog.pg_class c \
-             JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
-             WHERE n.nspname OPERATOR(pg_catalog.=) $1 \
-               AND c.relname OPERATOR(pg_catalog.=) 'outbox'",
-            &[schema.into()],
-        )
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| error!("outbox relay: no table outbox in schema {s}"));
+        // SAFETY: a catalog lookup inside the current transaction.
+        let table = unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), schema.oid()) };
+        if table == pg_sys::InvalidOid {
+            error!("outbox relay: no table outbox in schema {schema}");
+        }
         Statements {
             extension,
             table,
@@ -299,22 +326,22 @@ impl Statements {
             // by id alone, a partition analyzed while its rows were unpublished and planned
             // for while empty was read through its primary key, every published row of it for
             // every claim (`tests/relay.rs`).
-            claim_fresh: prepare_claim(&s, fresh, FRESH_ORDER, false),
+            claim_fresh: prepare_claim(&schema, fresh, FRESH_ORDER, false),
             claim_fresh_in: (0..LEAVES)
                 .map(|leaf| {
                     let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
-                    let sql = claim_sql(&s, &partition, fresh, FRESH_ORDER, "");
-                    prepare_rows(&sql, &claim_args(false))
+                    let sql = claim_sql(&partition, fresh, FRESH_ORDER, "");
+                    prepare_rows(&schema, &sql, &claim_args(false))
                 })
                 .collect(),
             claim_fresh_above: prepare_claim(
-                &s,
+                &schema,
                 &format!("{fresh} AND o.id OPERATOR(pg_catalog.>) $4"),
                 FRESH_ORDER,
                 true,
             ),
             claim_fresh_below: prepare_claim(
-                &s,
+                &schema,
                 &format!("{fresh} AND o.id OPERATOR(pg_catalog.<=) $4"),
                 FRESH_ORDER,
                 true,
@@ -325,19 +352,20 @@ impl Statements {
             // only at its next look for failing events, up to `FAILING_RECHECK` later, and two
             // due events of one key must not go out by their retry times.
             claim_due: prepare_rows(
+                &schema,
                 &claim_sql(
-                    &s,
                     "outbox",
                     "o.published_at IS NULL \
                      AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()",
                     // Among due events of one key only the earliest passes the check, so the
                     // index's order is enough.
                     "o.next_attempt_at",
-                    &failed_key_guard(&s),
+                    &failed_key_guard(),
                 ),
                 &claim_args(false),
             ),
             failing: prepare(
+                &schema,
                 &format!(
                     "SELECT EXISTS (SELECT FROM {s}.outbox f \
                      WHERE f.published_at IS NULL AND f.attempts OPERATOR(pg_catalog.>) 0 \
@@ -356,6 +384,7 @@ impl Statements {
             // by its own ids (a new id may equal a kept one), so the delete never takes an event
             // that did not go in.
             move_due: prepare(
+                &schema,
                 &format!(
                     "WITH due AS ( \
                        SELECT d.id, d.topic, d.payload, d.created_at, d.key, d.headers, d.lane \
@@ -401,6 +430,7 @@ impl Statements {
                 .map(|leaf| {
                     let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
                     prepare(
+                        &schema,
                         &format!(
                             "UPDATE {s}.{partition} SET published_at = pg_catalog.now() \
                              WHERE id OPERATOR(pg_catalog.=) ANY ($1)"
@@ -419,6 +449,7 @@ impl Statements {
                 &[pg_sys::INT8ARRAYOID],
             ),
             fail: prepare(
+                &schema,
                 &format!(
                     "UPDATE {s}.outbox o \
                      SET published_at = NULL, \
@@ -442,6 +473,7 @@ impl Statements {
             // A dead letter is known by (id, created_at); one of the same event left from an
             // earlier burial (a restore, say) is replaced, never a reason to fail the batch.
             bury: prepare(
+                &schema,
                 &format!(
                     "WITH moved AS (DELETE FROM {s}.outbox o WHERE o.id OPERATOR(pg_catalog.=) ANY ($1) \
                        RETURNING o.id, o.topic, o.payload, o.created_at, o.published_at, \
@@ -460,6 +492,7 @@ impl Statements {
                 ),
                 &[pg_sys::INT8ARRAYOID],
             ),
+            schema,
         }
     }
 

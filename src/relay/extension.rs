@@ -7,6 +7,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::claim::{self, Statements};
+use super::schema::Schema;
 
 /// How long the worker trusts its last look-up of the extension while it is relaying.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -15,7 +16,6 @@ const RECHECK: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub struct Extension {
     statements: Option<Statements>,
-    schema: String,
     checked_at: Option<Instant>,
     /// The objects' version when it is not the one this library relays (logged once).
     outdated_version: Option<String>,
@@ -24,9 +24,9 @@ pub struct Extension {
 }
 
 impl Extension {
-    /// The schema the extension was last found in.
-    pub fn schema(&self) -> &str {
-        &self.schema
+    /// The schema of the extension being relayed.
+    pub fn schema(&self) -> Option<&Schema> {
+        self.statements.as_ref().map(|s| &s.schema)
     }
 
     /// Whether the last look-up found no extension in the database.
@@ -74,8 +74,7 @@ impl Extension {
                 return None;
             }
             self.outdated_version = None;
-            self.statements = Some(Statements::prepare(oid, &schema));
-            self.schema = schema;
+            self.statements = Some(Statements::prepare(oid, schema));
         }
         self.statements.as_ref()
     }

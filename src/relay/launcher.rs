@@ -45,7 +45,8 @@ pub fn register() {
 /// A database as `pg_database` describes it.
 struct Database {
     oid: u32,
-    name: String,
+    /// As `pg_database` holds it (see `databases.rs`).
+    name: Vec<u8>,
     template: bool,
     /// Allows connections and is not half-dropped.
     connectable: bool,
@@ -151,7 +152,7 @@ impl Launcher {
             if assigned < per_database {
                 warning!(
                     "outbox launcher: no free worker slot for database {} ({} slots in all)",
-                    database.name,
+                    String::from_utf8_lossy(&database.name),
                     slots.len()
                 );
             }
@@ -239,14 +240,14 @@ impl Launcher {
     fn log_selection(&mut self, selection: &Selection, all: &[Database], wanted: &[&Database]) {
         let mut text = wanted
             .iter()
-            .map(|d| d.name.as_str())
+            .map(|d| String::from_utf8_lossy(&d.name))
             .collect::<Vec<_>>()
             .join(", ");
         if let Selection::Named(names) = selection {
-            let missing: Vec<&str> = names
+            let missing: Vec<_> = names
                 .iter()
                 .filter(|n| !all.iter().any(|d| &d.name == *n && d.connectable))
-                .map(String::as_str)
+                .map(|n| String::from_utf8_lossy(n))
                 .collect();
             if !missing.is_empty() {
                 text.push_str(&format!(
@@ -286,8 +287,8 @@ fn list_databases() -> Vec<Database> {
                 .add((*header).t_hoff as usize)
                 .cast::<pg_sys::FormData_pg_database>();
             let name = std::ffi::CStr::from_ptr((*form).datname.data.as_ptr())
-                .to_string_lossy()
-                .into_owned();
+                .to_bytes()
+                .to_vec();
             databases.push(Database {
                 oid: (*form).oid.to_u32(),
                 name,

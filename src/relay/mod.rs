@@ -25,6 +25,7 @@ mod prune;
 pub mod publish;
 mod retry;
 mod rows;
+mod schema;
 mod session;
 mod settings;
 mod spare;
@@ -234,10 +235,9 @@ impl Relay {
             self.reload_if_requested();
             self.leave_if_unwanted();
             let pass = self.pass();
-            if let (Some(retention), Some(_)) =
-                (self.settings.retention, self.extension.statements())
+            if let (Some(retention), Some(schema)) =
+                (self.settings.retention, self.extension.schema())
             {
-                let schema = self.extension.schema();
                 truncate::truncate_if_due(self.share, retention, schema, self.index);
                 prune::prune_if_due(self.share, retention, schema, self.index);
             }
@@ -487,10 +487,9 @@ impl Relay {
                 WorkerState::WaitingForExtension | WorkerState::Standby
             ) =>
             {
-                log!(
-                    "outbox relay {index}: relaying from schema {}",
-                    self.extension.schema()
-                )
+                if let Some(schema) = self.extension.schema() {
+                    log!("outbox relay {index}: relaying from schema {schema}")
+                }
             }
             _ => {}
         }

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use pgrx::prelude::*;
 
+use super::schema::{Schema, SCHEMA};
 use super::worker::{self, in_transaction, End};
 use crate::shmem::DatabaseShare;
 
@@ -33,7 +34,7 @@ const MAX_RANGES_PER_ROUND: usize = 100;
 /// Runs a pruning round, one short transaction per range, when a minute (or the retention, if
 /// shorter, as in tests) has passed since the last round of any worker and this worker wins the
 /// turn.
-pub fn prune_if_due(shared: &DatabaseShare, retention: Duration, schema: &str, index: usize) {
+pub fn prune_if_due(shared: &DatabaseShare, retention: Duration, schema: &Schema, index: usize) {
     if !shared.claim_prune_turn(worker::now(), EVERY.min(retention)) {
         return;
     }
@@ -70,11 +71,16 @@ pub fn grace(retention: Duration) -> Duration {
 }
 
 /// The smallest id in the table, or `None` when it is empty.
-fn first_id(schema: &str) -> Option<i64> {
-    let s = spi::quote_identifier(schema);
-    Spi::get_one::<i64>(&format!("SELECT pg_catalog.min(id) FROM {s}.outbox"))
-        .ok()
-        .flatten()
+fn first_id(schema: &Schema) -> Option<i64> {
+    let sql = schema.sql(&format!("SELECT pg_catalog.min(id) FROM {SCHEMA}.outbox"));
+    Spi::connect_mut(|client| {
+        client
+            .update(sql.as_c_str(), Some(1), &[])?
+            .first()
+            .get_one::<i64>()
+    })
+    .ok()
+    .flatten()
 }
 
 /// What pruning one range did.
@@ -86,9 +92,9 @@ struct Pruned {
 }
 
 /// Deletes the rows with ids in `[from, to)` published more than `age` ago.
-fn prune_range(schema: &str, from: i64, to: i64, age: Duration) -> Pruned {
-    let s = spi::quote_identifier(schema);
-    let sql = format!(
+fn prune_range(schema: &Schema, from: i64, to: i64, age: Duration) -> Pruned {
+    let s = SCHEMA;
+    let sql = schema.sql(&format!(
         "WITH cutoff AS (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) \
                                 ($3 OPERATOR(pg_catalog.*) interval '1 second') AS at), \
               doomed AS (DELETE FROM {s}.outbox o USING cutoff \
@@ -103,12 +109,12 @@ fn prune_range(schema: &str, from: i64, to: i64, age: Duration) -> Pruned {
                           AND o.created_at OPERATOR(pg_catalog.>=) cutoff.at), \
                 (SELECT pg_catalog.min(o.id) FROM {s}.outbox o \
                  WHERE o.id OPERATOR(pg_catalog.>=) $2)"
-    );
+    ));
     let seconds = age.as_secs_f64();
     Spi::connect_mut(|client| {
         let table = client
             .update(
-                sql.as_str(),
+                sql.as_c_str(),
                 Some(1),
                 &[from.into(), to.into(), seconds.into()],
             )

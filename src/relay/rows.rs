@@ -7,7 +7,7 @@
 //! its rows in the executor, does not have. A statement run here hands each row's columns to
 //! the caller straight from the executor's slot, while they are valid, and keeps nothing.
 
-use std::ffi::CString;
+use std::ffi::CStr;
 use std::ptr::NonNull;
 
 use pgrx::pg_sys;
@@ -34,24 +34,30 @@ struct Receiver<'a> {
 }
 
 impl Plan {
-    /// Prepares `sql`, whose parameters have the types `args` and whose columns must have the
-    /// types `columns`, and keeps it for the life of the worker (or until dropped).
-    pub fn prepare(sql: &str, args: &[pg_sys::Oid], columns: &'static [pg_sys::Oid]) -> Plan {
-        let text = CString::new(sql).expect("the relay's statements hold no NUL");
+    /// Prepares `sql` (in the database's encoding; `shown` is how a log line shows it), whose
+    /// parameters have the types `args` and whose columns must have the types `columns`, and
+    /// keeps it for the life of the worker (or until dropped).
+    pub fn prepare(
+        sql: &CStr,
+        shown: &str,
+        args: &[pg_sys::Oid],
+        columns: &'static [pg_sys::Oid],
+    ) -> Plan {
         let mut args = args.to_vec();
         let plan = Spi::connect(|_| {
-            // SAFETY: inside an SPI connection; `text` and `args` outlive the call, which
+            // SAFETY: inside an SPI connection; `sql` and `args` outlive the call, which
             // copies what it keeps. A statement that does not parse raises an ERROR.
             let plan =
-                unsafe { pg_sys::SPI_prepare(text.as_ptr(), args.len() as i32, args.as_mut_ptr()) };
+                unsafe { pg_sys::SPI_prepare(sql.as_ptr(), args.len() as i32, args.as_mut_ptr()) };
             let Some(plan) = NonNull::new(plan) else {
-                error!("outbox relay: cannot prepare {sql}: SPI code {}", unsafe {
-                    pg_sys::SPI_result
-                });
+                error!(
+                    "outbox relay: cannot prepare {shown}: SPI code {}",
+                    unsafe { pg_sys::SPI_result }
+                );
             };
             // SAFETY: a plan just prepared, not yet kept.
             if unsafe { pg_sys::SPI_keepplan(plan.as_ptr()) } != 0 {
-                error!("outbox relay: cannot keep the plan of {sql}");
+                error!("outbox relay: cannot keep the plan of {shown}");
             }
             plan
         });

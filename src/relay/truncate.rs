@@ -30,6 +30,7 @@ use std::time::Duration;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::schema::{Schema, SCHEMA};
 use super::worker::{self, in_transaction, End};
 use crate::ring::{self, LEAVES};
 use crate::shmem::DatabaseShare;
@@ -141,7 +142,7 @@ enum Outcome {
 
 /// Empties the partitions that are due, one transaction each, when this worker wins the look
 /// (see [`look_now`]; one worker looks at a time).
-pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &str, index: usize) {
+pub fn truncate_if_due(shared: &DatabaseShare, retention: Duration, schema: &Schema, index: usize) {
     let now = worker::now();
     let retention = micros(retention);
     let looked_at = shared.truncate_looked_at();
@@ -180,7 +181,7 @@ struct Held {
 }
 
 /// Surveys the partitions and tries to empty those that are due; whether one was in use.
-fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: usize) -> Held {
+fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &Schema, index: usize) -> Held {
     let Some((position, names, oids, sizes)) = in_transaction(|| (survey(schema), End::Commit))
     else {
         return Held::default();
@@ -195,13 +196,13 @@ fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: u
             break;
         }
         let outcome = in_transaction(|| {
-            let outcome = empty(shared, leaf, oids[leaf], &names[leaf], retention);
+            let outcome = empty(shared, leaf, oids[leaf], schema, &names[leaf], retention);
             (outcome, End::Commit)
         });
         match outcome {
             Outcome::Emptied => debug1!(
                 "outbox relay {index}: emptied {} ({} bytes)",
-                names[leaf],
+                schema.show(&names[leaf]),
                 sizes[leaf]
             ),
             Outcome::Busy {
@@ -215,7 +216,7 @@ fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: u
                 if vacuums_cancelled > 0 {
                     debug1!(
                         "outbox relay {index}: cancelled an autovacuum of {} to empty it",
-                        names[leaf]
+                        schema.show(&names[leaf])
                     );
                 }
             }
@@ -225,38 +226,55 @@ fn look(shared: &DatabaseShare, retention: i64, now: i64, schema: &str, index: u
     held
 }
 
-/// The sequence's position, and each partition's qualified name, OID and size.
+/// The sequence's position, and each partition's qualified name (naming the schema as
+/// [`SCHEMA`]), OID and size.
 #[allow(clippy::type_complexity)]
-fn survey(schema: &str) -> Option<(i64, Vec<String>, Vec<pg_sys::Oid>, Vec<i64>)> {
-    let s = spi::quote_identifier(schema);
-    let names: Vec<String> = (0..LEAVES)
-        .map(|leaf| format!("{s}.{}", spi::quote_identifier(format!("outbox_{leaf:02}"))))
+fn survey(schema: &Schema) -> Option<(i64, Vec<String>, Vec<pg_sys::Oid>, Vec<i64>)> {
+    let partitions: Vec<String> = (0..LEAVES)
+        .map(|leaf| format!("outbox_{leaf:02}"))
         .collect();
-    let regclasses: Vec<String> = names
+    let oids = partitions
         .iter()
-        .map(|name| format!("{}::pg_catalog.regclass", spi::quote_literal(name)))
+        .map(|partition| {
+            let partition = std::ffi::CString::new(partition.as_str()).ok()?;
+            // SAFETY: a catalog lookup inside the caller's transaction.
+            let oid = unsafe { pg_sys::get_relname_relid(partition.as_ptr(), schema.oid()) };
+            (oid != pg_sys::InvalidOid).then_some(oid)
+        })
+        .collect::<Option<Vec<pg_sys::Oid>>>()?;
+    let sizes: Vec<String> = oids
+        .iter()
+        .map(|oid| {
+            let oid = oid.to_u32();
+            format!("pg_catalog.pg_relation_size({oid}::pg_catalog.oid::pg_catalog.regclass)")
+        })
         .collect();
-    let sql = format!(
-        "SELECT (SELECT last_value FROM {s}.outbox_id_seq), \
-                ARRAY[{}]::pg_catalog.oid[], ARRAY[{}]::pg_catalog.int8[]",
-        regclasses.join(", "),
-        regclasses
-            .iter()
-            .map(|r| format!("pg_catalog.pg_relation_size({r})"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let (position, oids, sizes) = Spi::get_three::<i64, Vec<pg_sys::Oid>, Vec<i64>>(&sql)
-        .unwrap_or_else(|e| error!("outbox relay: cannot read the partitions' sizes: {e}"));
-    let (position, oids, sizes) = (position?, oids?, sizes?);
-    (oids.len() == LEAVES && sizes.len() == LEAVES).then_some((position, names, oids, sizes))
+    let sql = schema.sql(&format!(
+        "SELECT (SELECT last_value FROM {SCHEMA}.outbox_id_seq), ARRAY[{}]::pg_catalog.int8[]",
+        sizes.join(", ")
+    ));
+    let (position, sizes) = Spi::connect_mut(|client| {
+        client
+            .update(sql.as_c_str(), Some(1), &[])?
+            .first()
+            .get_two::<i64, Vec<i64>>()
+    })
+    .unwrap_or_else(|e| error!("outbox relay: cannot read the partitions' sizes: {e}"));
+    let (position, sizes) = (position?, sizes?);
+    let names = partitions
+        .iter()
+        .map(|partition| format!("{SCHEMA}.{}", spi::quote_identifier(partition)))
+        .collect();
+    (sizes.len() == LEAVES).then_some((position, names, oids, sizes))
 }
 
-/// Empties partition `leaf` if nothing holds it and it is still due; see the module comment.
+/// Empties partition `leaf` (`name` in `schema`) if nothing holds it and it is still due; see
+/// the module comment.
 fn empty(
     shared: &DatabaseShare,
     leaf: usize,
     oid: pg_sys::Oid,
+    schema: &Schema,
     name: &str,
     retention: i64,
 ) -> Outcome {
@@ -267,7 +285,7 @@ fn empty(
     if !locked {
         // Without the lock, rows may still be marked: only a partition with nothing to publish
         // is worth a cancelled vacuum.
-        let vacuums_cancelled = if holds_unpublished(name) {
+        let vacuums_cancelled = if holds_unpublished(schema, name) {
             0
         } else {
             cancel_autovacuums(oid)
@@ -281,11 +299,12 @@ fn empty(
     if !expired(shared.leaf_marked_at(leaf), worker::now(), retention) {
         return Outcome::Recent;
     }
-    if holds_unpublished(name) {
+    if holds_unpublished(schema, name) {
         return Outcome::Pending;
     }
-    Spi::run(&format!("TRUNCATE {name}"))
-        .unwrap_or_else(|e| error!("outbox relay: cannot empty {name}: {e}"));
+    let sql = schema.sql(&format!("TRUNCATE {name}"));
+    Spi::connect_mut(|client| client.update(sql.as_c_str(), None, &[]).map(|_| ()))
+        .unwrap_or_else(|e| error!("outbox relay: cannot empty {}: {e}", schema.show(name)));
     Outcome::Emptied
 }
 
@@ -309,15 +328,21 @@ fn held_by_others(oid: pg_sys::Oid) -> bool {
     .unwrap_or(true)
 }
 
-/// Whether partition `name` holds an event not yet published (or cannot be read).
-fn holds_unpublished(name: &str) -> bool {
-    let pending = Spi::get_one::<bool>(&format!(
+/// Whether partition `name` of `schema` holds an event not yet published (or cannot be read).
+fn holds_unpublished(schema: &Schema, name: &str) -> bool {
+    let sql = schema.sql(&format!(
         "SELECT EXISTS (SELECT 1 FROM {name} \
                         WHERE published_at IS NULL AND next_attempt_at IS NULL) \
              OR EXISTS (SELECT 1 FROM {name} \
                         WHERE published_at IS NULL AND next_attempt_at IS NOT NULL)"
-    ))
-    .unwrap_or_else(|e| error!("outbox relay: cannot read {name}: {e}"));
+    ));
+    let pending = Spi::connect_mut(|client| {
+        client
+            .update(sql.as_c_str(), Some(1), &[])?
+            .first()
+            .get_one::<bool>()
+    })
+    .unwrap_or_else(|e| error!("outbox relay: cannot read {}: {e}", schema.show(name)));
     pending != Some(false)
 }
 

@@ -434,7 +434,13 @@ impl Pg {
     }
 
     fn ctl_start(&self) {
+        self.ctl_start_with(&[]);
+    }
+
+    /// Starts the server with `env` added to its environment.
+    fn ctl_start_with(&self, env: &[(&str, &str)]) {
         run(pg_command("pg_ctl")
+            .envs(env.iter().copied())
             .arg("-D")
             .arg(self.data())
             .arg("-l")
@@ -578,6 +584,13 @@ impl Pg {
     pub fn restart(&self) {
         self.stop("fast");
         self.ctl_start();
+    }
+
+    /// Restarts the server with `env` added to its environment (`RUST_BACKTRACE`, say), for
+    /// as long as it runs.
+    pub fn restart_with_env(&self, env: &[(&str, &str)]) {
+        self.stop("fast");
+        self.ctl_start_with(env);
     }
 
     /// Crashes the server (`pg_ctl stop -m immediate`: WAL not yet written is lost) and starts it
