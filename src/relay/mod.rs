@@ -482,9 +482,10 @@ impl Relay {
             WorkerState::Standby => {
                 log!("outbox relay {index}: server is a standby; relaying starts on promotion")
             }
+            // Found the extension: at start, after waiting for it, or on promotion.
             _ if matches!(
                 self.state,
-                WorkerState::WaitingForExtension | WorkerState::Standby
+                WorkerState::Starting | WorkerState::WaitingForExtension | WorkerState::Standby
             ) =>
             {
                 if let Some(schema) = self.extension.schema() {
