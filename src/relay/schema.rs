@@ -61,16 +61,7 @@ impl Schema {
     /// `statement` with each [`SCHEMA`] replaced by the quoted name: its text in the database's
     /// encoding, as SPI takes it.
     pub fn sql(&self, statement: &str) -> CString {
-        let mut text = Vec::with_capacity(statement.len() + self.quoted.len());
-        let mut parts = statement.split(SCHEMA);
-        if let Some(first) = parts.next() {
-            text.extend_from_slice(first.as_bytes());
-        }
-        for part in parts {
-            text.extend_from_slice(&self.quoted);
-            text.extend_from_slice(part.as_bytes());
-        }
-        CString::new(text).unwrap_or_else(|_| {
+        CString::new(splice(statement, &self.quoted)).unwrap_or_else(|_| {
             error!(
                 "outbox relay: a statement holds a NUL: {}",
                 self.show(statement)
@@ -82,6 +73,20 @@ impl Schema {
     pub fn show(&self, statement: &str) -> String {
         statement.replace(SCHEMA, &self.shown)
     }
+}
+
+/// `statement` with each [`SCHEMA`] replaced by `quoted`, byte for byte.
+fn splice(statement: &str, quoted: &[u8]) -> Vec<u8> {
+    let mut text = Vec::with_capacity(statement.len() + quoted.len());
+    let mut parts = statement.split(SCHEMA);
+    if let Some(first) = parts.next() {
+        text.extend_from_slice(first.as_bytes());
+    }
+    for part in parts {
+        text.extend_from_slice(quoted);
+        text.extend_from_slice(part.as_bytes());
+    }
+    text
 }
 
 impl fmt::Display for Schema {
@@ -104,14 +109,17 @@ mod tests {
 
     #[test]
     fn the_name_goes_in_byte_for_byte_wherever_the_statement_names_the_schema() {
-        let sql = ausgaenge().sql(&format!(
-            "SELECT 1 FROM {SCHEMA}.outbox o, {SCHEMA}.outbox_dead d"
-        ));
+        // Pure: `Schema::sql` adds only the C string, and PostgreSQL's error for a NUL.
+        let quoted = &ausgaenge().quoted;
+        let sql = splice(
+            &format!("SELECT 1 FROM {SCHEMA}.outbox o, {SCHEMA}.outbox_dead d"),
+            quoted,
+        );
         assert_eq!(
-            sql.as_bytes(),
+            sql,
             b"SELECT 1 FROM \"ausg\xe4nge\".outbox o, \"ausg\xe4nge\".outbox_dead d"
         );
-        assert_eq!(ausgaenge().sql("SELECT 1").as_bytes(), b"SELECT 1");
+        assert_eq!(splice("SELECT 1", quoted), b"SELECT 1");
     }
 
     #[test]
