@@ -317,6 +317,12 @@ impl Statements {
         if table == pg_sys::InvalidOid {
             error!("outbox relay: no table outbox in schema {schema}");
         }
+        // SAFETY: as above.
+        let sequence =
+            unsafe { pg_sys::get_relname_relid(c"outbox_id_seq".as_ptr(), schema.oid()) };
+        if sequence == pg_sys::InvalidOid {
+            error!("outbox relay: no sequence outbox_id_seq in schema {schema}");
+        }
         Statements {
             extension,
             table,
@@ -397,7 +403,7 @@ impl Statements {
                        SELECT id, topic, payload, created_at, key, headers, lane FROM due \
                        ON CONFLICT DO NOTHING RETURNING id), \
                      taken AS ( \
-                       SELECT due.id, pg_catalog.nextval({sequence}) AS new_id FROM due \
+                       SELECT due.id, pg_catalog.nextval({sequence}::pg_catalog.oid::pg_catalog.regclass) AS new_id FROM due \
                        WHERE NOT EXISTS (SELECT FROM kept \
                                          WHERE kept.id OPERATOR(pg_catalog.=) due.id)), \
                      renumbered AS ( \
@@ -421,8 +427,8 @@ impl Statements {
                             pg_catalog.array_agg(g.new_id) \
                                 FILTER (WHERE g.id OPERATOR(pg_catalog.<>) g.new_id) \
                      FROM gone g",
-                    sequence = spi::quote_literal(format!("{s}.outbox_id_seq"))
-                        + "::pg_catalog.regclass",
+                    // By OID: a name in a literal would need the schema's quoting twice over.
+                    sequence = sequence.to_u32(),
                 ),
                 &[pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID],
             ),
@@ -442,6 +448,7 @@ impl Statements {
             // Through the table, which looks for each id in every partition: events are held
             // back after being marked only behind one that broke the connection, a handful.
             unmark: prepare(
+                &schema,
                 &format!(
                     "UPDATE {s}.outbox SET published_at = NULL \
                      WHERE id OPERATOR(pg_catalog.=) ANY ($1)"
