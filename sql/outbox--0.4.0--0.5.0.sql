@@ -75,7 +75,9 @@ CREATE INDEX outbox_unpublished ON @extschema@.outbox (id, lane)
 CREATE INDEX outbox_failing ON @extschema@.outbox
     (lane, pg_catalog.left(COALESCE('k' OPERATOR(pg_catalog.||) key,
                                                't' OPERATOR(pg_catalog.||) topic), 200), id)
-    WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0;
+    WHERE published_at IS NULL
+      AND (attempts OPERATOR(pg_catalog.>) 0
+           OR next_attempt_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz);
 
 -- Events enqueued with deliver_after wait here, not in outbox, until they are due; the relay then
 -- moves them into outbox with their id, and they go out as any event. However many wait, they
@@ -144,7 +146,9 @@ CREATE OR REPLACE VIEW @extschema@.outbox_status AS
             (SELECT min(created_at) FROM @extschema@.outbox
                 WHERE published_at IS NULL AND next_attempt_at IS NULL),
             (SELECT min(created_at) FROM @extschema@.outbox
-                WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0),
+                WHERE published_at IS NULL
+                  AND (attempts OPERATOR(pg_catalog.>) 0
+                       OR next_attempt_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz)),
             (SELECT min(deliver_at) FROM @extschema@.outbox_delayed
                 WHERE deliver_at OPERATOR(pg_catalog.<=) now()))
             AS oldest_pending_age,
