@@ -1,5 +1,6 @@
--- outbox 0.5.0 -> 0.6.0: every waiting event in its lane, and redrives that leave a dead event
--- whose id outbox holds where it is instead of failing.
+-- outbox 0.5.0 -> 0.6.0: every waiting event in its lane, redrives that leave a dead event
+-- whose id outbox holds where it is instead of failing, and events held behind a failed one of
+-- their key in the index of failing events.
 --
 -- The update to 0.5.0 left the events waiting at the time in lane 0, while the events of their
 -- key (else topic) enqueued since go to the lane outbox_enqueue computes. With several workers
@@ -141,3 +142,40 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.outbox_redrive_all() IS
     'Moves every dead event back into outbox with attempts reset, but those whose id outbox holds (a WARNING names them); returns how many moved.';
+
+-- An event behind a failed one of its key is held (next_attempt_at 'infinity') until the relay
+-- releases it, so that claims never step over it again; the index of the events that hold
+-- others back takes the held ones too, and the oldest pending event may be one of them.
+DROP INDEX @extschema@.outbox_failing;
+CREATE INDEX outbox_failing ON @extschema@.outbox
+    (lane, pg_catalog.left(COALESCE('k' OPERATOR(pg_catalog.||) key,
+                                               't' OPERATOR(pg_catalog.||) topic), 200), id)
+    WHERE published_at IS NULL
+      AND (attempts OPERATOR(pg_catalog.>) 0
+           OR next_attempt_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz);
+
+CREATE OR REPLACE VIEW @extschema@.outbox_status AS
+    SELECT
+        (SELECT count(*) FROM @extschema@.outbox
+            WHERE published_at IS NULL AND next_attempt_at IS NULL)
+        + (SELECT count(*) FROM @extschema@.outbox
+            WHERE published_at IS NULL AND next_attempt_at IS NOT NULL)
+        + (SELECT count(*) FROM @extschema@.outbox_delayed) AS pending,
+        -- Since an event could be published: its created_at (its transaction's start), or its
+        -- delivery time while it waits in outbox_delayed.
+        now() - LEAST(
+            (SELECT min(created_at) FROM @extschema@.outbox
+                WHERE published_at IS NULL AND next_attempt_at IS NULL),
+            (SELECT min(created_at) FROM @extschema@.outbox
+                WHERE published_at IS NULL
+                  AND (attempts OPERATOR(pg_catalog.>) 0
+                       OR next_attempt_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz)),
+            (SELECT min(deliver_at) FROM @extschema@.outbox_delayed
+                WHERE deliver_at OPERATOR(pg_catalog.<=) now()))
+            AS oldest_pending_age,
+        (SELECT count(*) FROM @extschema@.outbox_dead) AS dead,
+        @extschema@._outbox_last_published_at() AS last_published_at,
+        (SELECT count(*)::int FROM @extschema@._outbox_worker_slots() w
+            WHERE w.pid IS NOT NULL
+              AND @extschema@._outbox_slot_database(w.slot) OPERATOR(pg_catalog.=) pg_catalog.current_database()::text)
+            AS workers_running;

@@ -46,8 +46,11 @@ COMMENT ON TABLE @extschema@.outbox IS
 -- however much history is kept. The lane beside the id lets a worker skip the rows of other
 -- workers' lanes in the index, without reading them. Events waiting out a retry delay have an
 -- index of their own, so that however many wait, claiming the others never steps over them.
--- The events that failed have a small one, by lane and key (else topic; its first 200
--- characters, to stay within an index entry), which tells the relay whose later events wait.
+-- An event held behind an earlier one of its key that failed waits there too, with
+-- next_attempt_at 'infinity' until the relay releases it, so that however many are held,
+-- claiming the others never steps over them either. The events that hold others back, failed
+-- or held, have a small index by lane and key (else topic; its first 200 characters, to stay
+-- within an index entry), which tells the relay whose later events wait.
 CREATE INDEX outbox_unpublished ON @extschema@.outbox (id, lane)
     WHERE published_at IS NULL AND next_attempt_at IS NULL;
 CREATE INDEX outbox_retrying ON @extschema@.outbox (next_attempt_at)
@@ -55,7 +58,9 @@ CREATE INDEX outbox_retrying ON @extschema@.outbox (next_attempt_at)
 CREATE INDEX outbox_failing ON @extschema@.outbox
     (lane, pg_catalog.left(COALESCE('k' OPERATOR(pg_catalog.||) key,
                                                't' OPERATOR(pg_catalog.||) topic), 200), id)
-    WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0;
+    WHERE published_at IS NULL
+      AND (attempts OPERATOR(pg_catalog.>) 0
+           OR next_attempt_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz);
 
 -- The partitions, outbox_00 to outbox_15. Each row is inserted and marked once; the marks'
 -- old versions are what vacuum has to reclaim before the partition is truncated, so vacuum
@@ -297,7 +302,9 @@ CREATE VIEW @extschema@.outbox_status AS
             (SELECT min(created_at) FROM @extschema@.outbox
                 WHERE published_at IS NULL AND next_attempt_at IS NULL),
             (SELECT min(created_at) FROM @extschema@.outbox
-                WHERE published_at IS NULL AND attempts OPERATOR(pg_catalog.>) 0),
+                WHERE published_at IS NULL
+                  AND (attempts OPERATOR(pg_catalog.>) 0
+                       OR next_attempt_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz)),
             (SELECT min(deliver_at) FROM @extschema@.outbox_delayed
                 WHERE deliver_at OPERATOR(pg_catalog.<=) now()))
             AS oldest_pending_age,

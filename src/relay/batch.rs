@@ -68,6 +68,7 @@ impl Relay {
         if self.claiming_in != Some(extension) {
             // Another installation of the extension, another table: nothing known of it.
             self.start.forget();
+            self.sweep.forget();
             self.claiming_in = Some(extension);
         }
         let Some(mut scope) = self.scope() else {
@@ -99,6 +100,18 @@ impl Relay {
                 self.start.forget();
             }
         }
+        // Whether held events were released in this pass.
+        let mut unheld = false;
+        if scope.failing {
+            if let Some(after) = self
+                .sweep
+                .due(&scope.lanes, now, self.settings.poll_interval)
+            {
+                let entries = statements.sweep(batch_size, &scope.lanes, after);
+                let stuck = self.sweep.looked(now, batch_size, &entries);
+                unheld |= self.release_behind(&stuck, &[]);
+            }
+        }
         let mut next = self.claim(chunk, &scope);
         let mut batch = Batch::nothing(Pass::Drained);
         let mut claimed = 0;
@@ -115,6 +128,7 @@ impl Relay {
             let got = next.len();
             claimed += got;
             more_due |= next.more_due;
+            // Its blocked rows are held already (see `Relay::claim`).
             let Claimed {
                 mut events,
                 unreadable,
@@ -123,10 +137,12 @@ impl Relay {
             } = next;
             if !left.is_empty() {
                 full_of_bytes = true;
-                order.defer();
+                order.left_for_later();
             }
             if !unreadable.is_empty() {
-                released = lowest(released, self.charge_failures(unreadable));
+                let freed = self.charge_failures(unreadable);
+                released = lowest(released, freed.buried);
+                unheld |= freed.released;
             }
             order.admit(&mut events);
             if events.is_empty() {
@@ -179,12 +195,13 @@ impl Relay {
             batch.leaves |= sent
                 .iter()
                 .fold(0, |leaves, e| leaves | 1 << ring::leaf_of(e.id));
-            let retried_out = sent
+            // Each the first failed event of its key, whose held events it now releases.
+            let retried: Vec<i64> = sent
                 .iter()
                 .zip(&results)
                 .filter(|(e, outcome)| e.attempts > 0 && **outcome == Outcome::Added)
                 .map(|(e, _)| e.id)
-                .min();
+                .collect();
             let mut failures: Vec<Failure> = Vec::new();
             let mut held_back = Vec::new();
             for (event, outcome) in sent.into_iter().zip(results) {
@@ -227,7 +244,7 @@ impl Relay {
                 });
             }
             // An event that had failed is out: its key's later events may go.
-            released = lowest(released, retried_out);
+            released = lowest(released, retried.iter().min().copied());
             if !held_back.is_empty() {
                 order.left_for_later();
                 if let Some(statements) = self.extension.statements() {
@@ -237,9 +254,14 @@ impl Relay {
             if !failures.is_empty() {
                 scope.failing = true;
                 self.failing.failed();
-                // Unmarked, and scheduled for later: the claims left in this transaction pass
-                // them by.
-                released = lowest(released, self.charge_failures(failures));
+                // Unmarked, and scheduled for later: the claims left in this transaction hold
+                // the later events of their keys.
+                let freed = self.charge_failures(failures);
+                released = lowest(released, freed.buried);
+                unheld |= freed.released;
+            }
+            if !retried.is_empty() {
+                unheld |= self.release_behind(&retried, &[]);
             }
         }
         if order.deferred() {
@@ -257,9 +279,10 @@ impl Relay {
             // Events held back for going to another stream than their key's earlier ones: the
             // next pass sends them, at once rather than at the next wake-up.
             batch.pass = Pass::Full;
-        } else if released.is_some() {
-            // The claims passed by the later events of the keys of failed events; with those
-            // out of the way, the next pass claims them, at once rather than at the poll.
+        } else if released.is_some() || unheld {
+            // The claims held (or passed by) the later events of the keys of failed events;
+            // with those out of the way, the next pass claims them, at once rather than at the
+            // poll.
             batch.pass = Pass::Full;
         } else if more_due {
             // A claim left due events out, or they filled it: the next pass takes more of them.
@@ -273,12 +296,20 @@ impl Relay {
     }
 
     /// Claims up to `limit` events of `scope`, past the last claim's reach while no transaction
-    /// enqueued since (see `cursor.rs`), else from the lowest id.
+    /// enqueued since (see `cursor.rs`), else from the lowest id, and holds the rows it found
+    /// behind an earlier event of their key that failed or is held (see `hold.rs`). Held at
+    /// once, before any reply of this pass can release their key: a row held after its key's
+    /// release would wait for the look that finds it alone.
     fn claim(&mut self, limit: usize, scope: &Scope) -> Claimed {
         let now = Instant::now();
         let claimed = self.claim_at(now, limit, scope);
         if claimed.looked_due {
             self.due_looked_at = Some(now);
+        }
+        if !claimed.blocked.is_empty() {
+            if let Some(statements) = self.extension.statements() {
+                statements.hold(&claimed.blocked);
+            }
         }
         claimed
     }
@@ -390,12 +421,34 @@ impl Relay {
         }
     }
 
+    /// Releases the held events of the keys of the events `anchors`, each its key's first that
+    /// failed and now out or about to be buried (`buried`), or a held event with nothing before
+    /// it in its key; says whether any was released. The released events are below the cursor,
+    /// and a claim past it could take a later event of their key before them: the claims left
+    /// in this pass start from the lowest id.
+    fn release_behind(&mut self, anchors: &[i64], buried: &[i64]) -> bool {
+        let Some(statements) = self.extension.statements() else {
+            return false;
+        };
+        let mut any = false;
+        for &anchor in anchors {
+            any |= !statements.release(anchor, buried).is_empty();
+        }
+        if any {
+            self.start.forget();
+        }
+        any
+    }
+
     /// Takes the mark back from each event that failed, charges it an attempt and schedules its
-    /// retry; buries those out of attempts, and those that retrying cannot help. Returns the
-    /// lowest id buried among events that had failed before this pass (claims may have passed
-    /// by the later events of their keys; an event failing for the first time held none back).
-    fn charge_failures(&mut self, failures: Vec<Failure>) -> Option<i64> {
-        let statements = self.extension.statements()?;
+    /// retry; buries those out of attempts, and those that retrying cannot help, releasing the
+    /// events held behind them. Returns the lowest id buried among events that had failed
+    /// before this pass (claims may have passed by the later events of their keys; an event
+    /// failing for the first time held none back), and whether held events were released.
+    fn charge_failures(&mut self, failures: Vec<Failure>) -> Freed {
+        let Some(statements) = self.extension.statements() else {
+            return Freed::default();
+        };
         let charges: Vec<(i64, String, Duration)> = failures
             .iter()
             .map(|f| {
@@ -440,12 +493,30 @@ impl Relay {
             }
             last_error = Some(error);
         }
+        let mut unheld = false;
         if !exhausted.is_empty() {
-            statements.bury(exhausted);
+            // While their rows are there to name their keys, and left out of what holds the
+            // others back.
+            unheld = self.release_behind(&exhausted, &exhausted);
+            if let Some(statements) = self.extension.statements() {
+                statements.bury(exhausted);
+            }
         }
         self.slot.set_error(last_error.as_deref(), worker::now());
-        released
+        Freed {
+            buried: released,
+            released: unheld,
+        }
     }
+}
+
+/// What charging failures freed.
+#[derive(Default)]
+struct Freed {
+    /// The lowest id buried among events that had failed before this pass.
+    buried: Option<i64>,
+    /// Whether events held behind the buried ones were released.
+    released: bool,
 }
 
 /// The lower of two ids, either of which may be missing.

@@ -1,8 +1,8 @@
-//! The relay's SQL: find the extension, claim a batch, mark it, charge failed events, move
-//! exhausted ones to `outbox_dead`. Statements are prepared once per extension and kept, so a
-//! batch costs executions only. Every function here runs inside the worker's transaction, in a
-//! session whose `search_path` is `pg_catalog, pg_temp` (see `session.rs`); the statements
-//! qualify what they call all the same.
+//! The relay's SQL: find the extension, claim a batch, mark it, charge failed events, hold the
+//! events behind them and release those again, move exhausted ones to `outbox_dead`. Statements
+//! are prepared once per extension and kept, so a batch costs executions only. Every function
+//! here runs inside the worker's transaction, in a session whose `search_path` is
+//! `pg_catalog, pg_temp` (see `session.rs`); the statements qualify what they call all the same.
 
 use std::time::Duration;
 
@@ -59,12 +59,14 @@ unsafe fn text_shown(datum: pg_sys::Datum) -> String {
     }
 }
 
-/// What a claim took: the events to publish, and those whose text cannot be sent as UTF-8
-/// (with the reason), which must be charged in the same transaction.
+/// What a claim took: the events to publish, those whose text cannot be sent as UTF-8 (with the
+/// reason), which must be charged in the same transaction, and those that wait behind an earlier
+/// event of their key that failed or is held, which must be held in the same transaction.
 #[derive(Default)]
 pub struct Claimed {
     pub events: Vec<Event>,
     pub unreadable: Vec<Failure>,
+    pub blocked: Vec<i64>,
     /// The claim looked for events whose retry is due, and found all it could take.
     pub looked_due: bool,
     /// A claim that looked for due events first left some out, or was filled by them: more
@@ -80,8 +82,9 @@ pub struct Claimed {
 }
 
 impl Claimed {
+    /// How many rows the claim took, the blocked ones included: its `LIMIT` counts them.
     pub fn len(&self) -> usize {
-        self.events.len() + self.unreadable.len() + self.left.len()
+        self.events.len() + self.unreadable.len() + self.blocked.len() + self.left.len()
     }
 
     /// The highest id claimed among the events that never failed, if any: how far the claim
@@ -91,26 +94,33 @@ impl Claimed {
         self.fresh_highest
     }
 
-    /// The highest id of everything in this claim.
+    /// The highest id of everything in this claim. Blocked rows count: they are held in the
+    /// same transaction, and leave the index of fresh events as published ones do.
     fn highest_of_all(&self) -> Option<i64> {
         let events = self.events.iter().map(|e| e.id);
         let unreadable = self.unreadable.iter().map(|f| f.id);
         events
             .chain(unreadable)
+            .chain(self.blocked.iter().copied())
             .chain(self.left.iter().copied())
             .max()
     }
 
-    /// Keeps at most `n` of the events, readable ones first, those left unread last.
+    /// Keeps at most `n` of the rows: readable events first, then unreadable ones, then blocked
+    /// ones, then those left unread. Those left out stay as they are, locked until the
+    /// transaction ends.
     fn truncate(&mut self, n: usize) {
         self.events.truncate(n);
         self.unreadable.truncate(n - self.events.len());
-        self.left
+        self.blocked
             .truncate(n - self.events.len() - self.unreadable.len());
+        self.left
+            .truncate(n - self.events.len() - self.unreadable.len() - self.blocked.len());
     }
 
-    /// Adds `due`'s events and keeps the whole in id order.
+    /// Adds `due`'s rows and keeps the events in id order.
     fn add_due(&mut self, due: Claimed) {
+        self.blocked.extend(due.blocked);
         if !due.events.is_empty() || !due.unreadable.is_empty() || !due.left.is_empty() {
             self.events.extend(due.events);
             self.unreadable.extend(due.unreadable);
@@ -171,7 +181,7 @@ pub fn hold_groups(groups: std::ops::Range<u32>) -> bool {
 }
 
 /// Which of the table's events a claim may take: the lanes of this worker's share, and whether
-/// some event in them failed (its key's later events must then wait for it).
+/// some event in them failed or is held (its key's later events must then wait for it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scope {
     pub lanes: std::ops::Range<i16>,
@@ -179,7 +189,8 @@ pub struct Scope {
 }
 
 /// The two forms of each claim: for when no event in the worker's lanes has failed, and for when
-/// one has, which passes by the events of a key (else topic) behind an earlier one that failed.
+/// one has, which tells the events of a key (else topic) behind an earlier one that failed or is
+/// held from the others.
 struct Claim {
     plain: Plan,
     guarded: Plan,
@@ -210,7 +221,7 @@ pub struct Statements {
     claim_fresh_below: Claim,
     /// The claim of due events, guarded only: a due event has failed, or was put back by hand.
     claim_due: Plan,
-    /// Whether an event in a range of lanes has failed and is not yet published.
+    /// Whether an event in a range of lanes has failed or is held, and is not yet published.
     failing: OwnedPreparedStatement,
     /// Moves due events of a range of lanes from `outbox_delayed` into `outbox`.
     move_due: OwnedPreparedStatement,
@@ -219,6 +230,14 @@ pub struct Statements {
     mark: Vec<OwnedPreparedStatement>,
     /// Takes the mark back from events that were held back, not sent.
     unmark: OwnedPreparedStatement,
+    /// One per partition, as `mark`: holds blocked events (`next_attempt_at = 'infinity'`).
+    hold: Vec<OwnedPreparedStatement>,
+    /// Releases the held events of one event's key, up to its first that failed.
+    release: OwnedPreparedStatement,
+    /// A look for held events whose key has nothing before them any more: from the start of the
+    /// worker's lanes, and after a given event.
+    sweep_from_start: OwnedPreparedStatement,
+    sweep_after: OwnedPreparedStatement,
     fail: OwnedPreparedStatement,
     bury: OwnedPreparedStatement,
     /// The schema all of them name.
@@ -245,10 +264,39 @@ fn prepare_rows(schema: &Schema, sql: &str, args: &[pg_sys::Oid]) -> Plan {
 /// The order of the claims of events that never failed: the columns of their partial index.
 const FRESH_ORDER: &str = "o.id, o.lane";
 
-/// The columns every claim returns, in the order [`read_row`] reads them.
+/// The columns every plain claim returns, in the order [`read_row`] reads them, but for the last
+/// (whether the row is blocked), which a plain claim gives as `false`.
 const CLAIMED_COLUMNS: &str =
     "o.id, o.topic, o.payload::pg_catalog.text, o.created_at, o.attempts, \
                                o.key, o.headers::pg_catalog.text";
+
+/// `next_attempt_at` of a held event: it waits behind an earlier event of its key until the
+/// relay releases it, never due by itself.
+const HELD: &str = "'infinity'::pg_catalog.timestamptz";
+
+/// The events that hold back the later events of their key (else topic): not yet published, and
+/// failed or held. The predicate of the index `outbox_failing` (`sql/outbox.sql`), written the
+/// same way, so that every statement below that names it reads that index.
+fn holding_back(t: &str) -> String {
+    format!(
+        "{t}.published_at IS NULL \
+         AND ({t}.attempts OPERATOR(pg_catalog.>) 0 \
+              OR {t}.next_attempt_at OPERATOR(pg_catalog.=) {HELD})"
+    )
+}
+
+/// The ordering unit of the row `t`: its key, else its topic, told apart by a first letter.
+fn unit(t: &str) -> String {
+    format!(
+        "COALESCE('k' OPERATOR(pg_catalog.||) {t}.key, \
+                  't' OPERATOR(pg_catalog.||) {t}.topic)"
+    )
+}
+
+/// The start of [`unit`] kept in the index `outbox_failing` (an index entry has a size limit).
+fn unit_prefix(t: &str) -> String {
+    format!("pg_catalog.left({}, 200)", unit(t))
+}
 
 /// The arguments of a claim: `$1` the limit, `$2` and `$3` the worker's lanes, and with `with_id`
 /// `$4`, a free `bigint`.
@@ -261,51 +309,142 @@ fn claim_args(with_id: bool) -> Vec<pg_sys::Oid> {
 }
 
 /// A claim of `table` (`outbox` or one partition of it): `filter` follows `WHERE`, `order` is
-/// the `ORDER BY` list, `guard` (empty or from [`failed_key_guard`]) ends the conditions.
-fn claim_sql(table: &str, filter: &str, order: &str, guard: &str) -> String {
-    format!(
-        "SELECT {CLAIMED_COLUMNS} FROM {SCHEMA}.{table} o \
+/// the `ORDER BY` list.
+///
+/// The guarded form returns every row it takes, in order, and says of each whether an earlier
+/// event of its key that failed or is held holds it back ([`held_back`]): the relay holds those
+/// in the same transaction. It does not pass them by: a claim that passed by the events behind
+/// a failed key read every one of them again in every pass (20,000 events of one rejected topic
+/// made each claim take 80 ms), where one that takes them reads at most its limit, and never
+/// again once they are held. Their payload and headers stay unread.
+fn claim_sql(schema: &str, table: &str, filter: &str, order: &str, guarded: bool) -> String {
+    let rows = format!(
+        "FROM {schema}.{table} o \
          WHERE {filter} \
-           AND o.lane OPERATOR(pg_catalog.>=) $2 AND o.lane OPERATOR(pg_catalog.<) $3{guard} \
+           AND o.lane OPERATOR(pg_catalog.>=) $2 AND o.lane OPERATOR(pg_catalog.<) $3 \
          ORDER BY {order} LIMIT $1 FOR UPDATE SKIP LOCKED"
+    );
+    if !guarded {
+        return format!("SELECT {CLAIMED_COLUMNS}, false {rows}");
+    }
+    format!(
+        "SELECT c.id, c.topic, \
+                CASE WHEN c.blocked THEN NULL ELSE c.payload::pg_catalog.text END, \
+                c.created_at, c.attempts, c.key, \
+                CASE WHEN c.blocked THEN NULL ELSE c.headers::pg_catalog.text END, c.blocked \
+         FROM (SELECT o.id, o.topic, o.payload, o.created_at, o.attempts, o.key, o.headers, \
+                      {} AS blocked {rows}) c",
+        held_back(schema, "o")
     )
 }
 
-/// The condition that passes by an event while an earlier one of its key (else of its topic,
-/// among events without a key) has failed and is not yet published: that one goes first, or to
-/// outbox_dead. The failing events have an index of their own, by lane and the start of the key
-/// (the expression below, as `sql/outbox.sql` writes it), so the check reads only the entries
-/// of the same key. `OFFSET 0` keeps the planner from turning the check into an anti-join that
-/// reads every failed event (a hash of 30,000 of them took 50 ms a claim); as a subquery run
-/// per claimed row, it is one index probe per partition.
-fn failed_key_guard() -> String {
-    let identity = |t: &str| {
-        format!(
-            "COALESCE('k' OPERATOR(pg_catalog.||) {t}.key, \
-                                 't' OPERATOR(pg_catalog.||) {t}.topic)"
-        )
-    };
-    let (failed, claimed) = (identity("f"), identity("o"));
+/// Whether an earlier event of the key (else of the topic, among events without a key) of the
+/// row `t` failed or is held, and is not yet published: that one goes first, or to outbox_dead.
+/// The index `outbox_failing` holds those events by lane and the start of the key, so the check
+/// reads only the entries of the same key, and stops at the first. `OFFSET 0` keeps the planner
+/// from turning it into a join that reads every failed event (a hash of 30,000 of them took
+/// 50 ms a claim); as a subquery run per row, it is one index probe per partition.
+fn held_back(schema: &str, t: &str) -> String {
     format!(
-        " AND NOT EXISTS (SELECT FROM {SCHEMA}.outbox f \
-             WHERE f.published_at IS NULL AND f.attempts OPERATOR(pg_catalog.>) 0 \
-               AND f.lane OPERATOR(pg_catalog.=) o.lane \
-               AND pg_catalog.left({failed}, 200) OPERATOR(pg_catalog.=) \
-                   pg_catalog.left({claimed}, 200) \
-               AND f.id OPERATOR(pg_catalog.<) o.id \
-               AND {failed} OPERATOR(pg_catalog.=) {claimed} \
-             OFFSET 0)"
+        "EXISTS (SELECT FROM {schema}.outbox f \
+             WHERE {} \
+               AND f.lane OPERATOR(pg_catalog.=) {t}.lane \
+               AND {} OPERATOR(pg_catalog.=) {} \
+               AND f.id OPERATOR(pg_catalog.<) {t}.id \
+               AND {} OPERATOR(pg_catalog.=) {} \
+             OFFSET 0)",
+        holding_back("f"),
+        unit_prefix("f"),
+        unit_prefix(t),
+        unit("f"),
+        unit(t),
     )
 }
 
 /// Prepares a claim of `outbox` in its two forms (see [`claim_sql`] and [`claim_args`]).
 fn prepare_claim(schema: &Schema, filter: &str, order: &str, with_id: bool) -> Claim {
     let args = claim_args(with_id);
-    let guard = failed_key_guard();
     Claim {
-        plain: prepare_rows(schema, &claim_sql("outbox", filter, order, ""), &args),
-        guarded: prepare_rows(schema, &claim_sql("outbox", filter, order, &guard), &args),
+        plain: prepare_rows(
+            schema,
+            &claim_sql(SCHEMA, "outbox", filter, order, false),
+            &args,
+        ),
+        guarded: prepare_rows(
+            schema,
+            &claim_sql(SCHEMA, "outbox", filter, order, true),
+            &args,
+        ),
     }
+}
+
+/// Releases the held events of the key (else topic) of event `$1`, but for the events `$2`
+/// (about to be buried): each one up to the key's first event that failed, that one included if
+/// held. Those before it are fresh again and go out in id order; it, if it was held, is fresh
+/// again too and, having failed, still holds back the rest, which its own publication or burial
+/// releases in turn. The key is read from event `$1` once (the `MATERIALIZED` row) and given to
+/// the conditions as constants, so that each is an index range of `outbox_failing`.
+fn release_sql(s: &str) -> String {
+    let lane = "(SELECT a.lane FROM anchor a)";
+    let prefix = "(SELECT pg_catalog.left(a.unit, 200) FROM anchor a)";
+    let whole = "(SELECT a.unit FROM anchor a)";
+    format!(
+        "WITH anchor AS MATERIALIZED ( \
+           SELECT o.lane, {} AS unit FROM {s}.outbox o WHERE o.id OPERATOR(pg_catalog.=) $1) \
+         UPDATE {s}.outbox h SET next_attempt_at = NULL \
+         WHERE h.published_at IS NULL \
+           AND h.next_attempt_at OPERATOR(pg_catalog.=) {HELD} \
+           AND h.lane OPERATOR(pg_catalog.=) {lane} \
+           AND {} OPERATOR(pg_catalog.=) {prefix} \
+           AND {} OPERATOR(pg_catalog.=) {whole} \
+           AND h.id OPERATOR(pg_catalog.<=) COALESCE( \
+               (SELECT f.id FROM {s}.outbox f \
+                WHERE f.published_at IS NULL AND f.attempts OPERATOR(pg_catalog.>) 0 \
+                  AND f.lane OPERATOR(pg_catalog.=) {lane} \
+                  AND {} OPERATOR(pg_catalog.=) {prefix} \
+                  AND {} OPERATOR(pg_catalog.=) {whole} \
+                  AND f.id OPERATOR(pg_catalog.<>) ALL ($2) \
+                ORDER BY f.id LIMIT 1), \
+               9223372036854775807) \
+         RETURNING h.id",
+        unit("o"),
+        unit_prefix("h"),
+        unit("h"),
+        unit_prefix("f"),
+        unit("f"),
+    )
+}
+
+/// Up to `$1` entries of `outbox_failing` in the lanes `$2` to `$3`, in its order, with `after`
+/// past the entry of event `$4`; each with whether it is a held event with nothing before it in
+/// its key (its releaser went away by hand). The entry of event `$4` is found by its own lane
+/// and key, read from the row; a row gone since gives no entry, and the look starts over.
+fn sweep_sql(s: &str, after: bool) -> String {
+    let past = if after {
+        format!(
+            "AND (o.lane, {}, o.id) OPERATOR(pg_catalog.>) ( \
+                 (SELECT a.lane FROM {s}.outbox a WHERE a.id OPERATOR(pg_catalog.=) $4), \
+                 (SELECT {} FROM {s}.outbox a WHERE a.id OPERATOR(pg_catalog.=) $4), \
+                 $4)",
+            unit_prefix("o"),
+            unit_prefix("a"),
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT b.id, \
+                CASE WHEN b.next_attempt_at OPERATOR(pg_catalog.=) {HELD} \
+                     THEN NOT {} ELSE false END \
+         FROM (SELECT o.id, o.lane, o.topic, o.key, o.next_attempt_at FROM {s}.outbox o \
+               WHERE {} \
+                 AND o.lane OPERATOR(pg_catalog.>=) $2 AND o.lane OPERATOR(pg_catalog.<) $3 \
+                 {past} \
+               ORDER BY o.lane, {}, o.id LIMIT $1) b",
+        held_back(s, "b"),
+        holding_back("o"),
+        unit_prefix("o"),
+    )
 }
 
 impl Statements {
@@ -336,7 +475,7 @@ impl Statements {
             claim_fresh_in: (0..LEAVES)
                 .map(|leaf| {
                     let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
-                    let sql = claim_sql(&partition, fresh, FRESH_ORDER, "");
+                    let sql = claim_sql(SCHEMA, &partition, fresh, FRESH_ORDER, false);
                     prepare_rows(&schema, &sql, &claim_args(false))
                 })
                 .collect(),
@@ -353,20 +492,23 @@ impl Statements {
                 true,
             ),
             // Events whose retry delay is over, through the index of waiting events: however
-            // many wait, only the due ones are read. Always with the check of failed keys: the
-            // worker may learn of events charged elsewhere (by hand, see `FAILING_RECHECK`)
-            // only at its next look for failing events, up to `FAILING_RECHECK` later, and two
-            // due events of one key must not go out by their retry times.
+            // many wait (held ones at 'infinity' included), only the due ones are read. Always
+            // guarded: the worker may learn of events charged elsewhere (by hand, see
+            // `FAILING_RECHECK`) only at its next look for failing events, up to
+            // `FAILING_RECHECK` later, and two due events of one key must not go out by their
+            // retry times. A due event behind an earlier one of its key is held, rather than
+            // read again by every claim until that one is out.
             claim_due: prepare_rows(
                 &schema,
                 &claim_sql(
+                    SCHEMA,
                     "outbox",
                     "o.published_at IS NULL \
                      AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()",
                     // Among due events of one key only the earliest passes the check, so the
                     // index's order is enough.
                     "o.next_attempt_at",
-                    &failed_key_guard(),
+                    true,
                 ),
                 &claim_args(false),
             ),
@@ -374,8 +516,9 @@ impl Statements {
                 &schema,
                 &format!(
                     "SELECT EXISTS (SELECT FROM {s}.outbox f \
-                     WHERE f.published_at IS NULL AND f.attempts OPERATOR(pg_catalog.>) 0 \
-                       AND f.lane OPERATOR(pg_catalog.>=) $1 AND f.lane OPERATOR(pg_catalog.<) $2)"
+                     WHERE {} \
+                       AND f.lane OPERATOR(pg_catalog.>=) $1 AND f.lane OPERATOR(pg_catalog.<) $2)",
+                    holding_back("f")
                 ),
                 &[pg_sys::INT2OID, pg_sys::INT2OID],
             ),
@@ -455,6 +598,35 @@ impl Statements {
                 ),
                 &[pg_sys::INT8ARRAYOID],
             ),
+            hold: (0..LEAVES)
+                .map(|leaf| {
+                    let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
+                    prepare(
+                        &schema,
+                        &format!(
+                            "UPDATE {s}.{partition} SET next_attempt_at = {HELD} \
+                             WHERE id OPERATOR(pg_catalog.=) ANY ($1)"
+                        ),
+                        &[pg_sys::INT8ARRAYOID],
+                    )
+                })
+                .collect(),
+            release: prepare(&schema, &release_sql(s), &[pg_sys::INT8OID, pg_sys::INT8ARRAYOID]),
+            sweep_from_start: prepare(
+                &schema,
+                &sweep_sql(s, false),
+                &[pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID],
+            ),
+            sweep_after: prepare(
+                &schema,
+                &sweep_sql(s, true),
+                &[
+                    pg_sys::INT8OID,
+                    pg_sys::INT2OID,
+                    pg_sys::INT2OID,
+                    pg_sys::INT8OID,
+                ],
+            ),
             fail: prepare(
                 &schema,
                 &format!(
@@ -503,7 +675,7 @@ impl Statements {
         }
     }
 
-    /// Whether an event in `lanes` has failed and is not yet published.
+    /// Whether an event in `lanes` has failed or is held, and is not yet published.
     pub fn any_failing(&self, lanes: &std::ops::Range<i16>) -> bool {
         Spi::connect_mut(|client| {
             client
@@ -626,20 +798,64 @@ impl Statements {
 
     /// Marks events published, each in its partition.
     pub fn mark_published(&self, ids: Vec<i64>) {
-        let mut by_leaf: [Vec<i64>; LEAVES] = Default::default();
-        for id in ids {
-            by_leaf[ring::leaf_of(id)].push(id);
-        }
+        run_by_leaf(&self.mark, ids, "marking published");
+    }
+
+    /// Holds claimed events that wait behind an earlier event of their key, each in its
+    /// partition: they leave the index the fresh claims read until [`Statements::release`].
+    pub fn hold(&self, ids: &[i64]) {
+        run_by_leaf(&self.hold, ids.to_vec(), "holding events back");
+    }
+
+    /// Releases the held events of the key (else topic) of event `anchor` up to its first event
+    /// that failed, leaving out the events `buried` (about to go to `outbox_dead`); returns the
+    /// ids released. Called once `anchor`, its key's first event that failed, is published or
+    /// about to be buried, and for a held event [`Statements::sweep`] found with nothing before
+    /// it in its key.
+    pub fn release(&self, anchor: i64, buried: &[i64]) -> Vec<i64> {
         Spi::connect_mut(|client| {
-            for (leaf, ids) in by_leaf.into_iter().enumerate() {
-                if ids.is_empty() {
-                    continue;
-                }
-                client
-                    .update(&self.mark[leaf], None, &[ids.into()])
-                    .unwrap_or_else(|e| error!("outbox relay: marking published failed: {e}"));
+            client
+                .update(
+                    &self.release,
+                    None,
+                    &[anchor.into(), buried.to_vec().into()],
+                )
+                .unwrap_or_else(|e| error!("outbox relay: releasing held events failed: {e}"))
+                .map(|row| match row.get::<i64>(1) {
+                    Ok(Some(id)) => id,
+                    other => error!("outbox relay: a released event reads back as {other:?}"),
+                })
+                .collect()
+        })
+    }
+
+    /// Up to `limit` entries of the events that hold others back in `lanes`, in their index's
+    /// order, past the entry of event `after` if given: each id, and whether it is a held event
+    /// with nothing before it in its key (see [`Statements::release`]).
+    pub fn sweep(
+        &self,
+        limit: usize,
+        lanes: &std::ops::Range<i16>,
+        after: Option<i64>,
+    ) -> Vec<(i64, bool)> {
+        let mut args = vec![(limit as i64).into(), lanes.start.into(), lanes.end.into()];
+        let statement = match after {
+            Some(id) => {
+                args.push(id.into());
+                &self.sweep_after
             }
-        });
+            None => &self.sweep_from_start,
+        };
+        Spi::connect_mut(|client| {
+            client
+                .update(statement, None, &args)
+                .unwrap_or_else(|e| error!("outbox relay: looking at held events failed: {e}"))
+                .map(|row| match (row.get::<i64>(1), row.get::<bool>(2)) {
+                    (Ok(Some(id)), Ok(Some(stuck))) => (id, stuck),
+                    other => error!("outbox relay: a held event reads back as {other:?}"),
+                })
+                .collect()
+        })
     }
 
     /// Unmarks events that were held back after they were marked, without charging them: they
@@ -687,6 +903,24 @@ impl Statements {
     }
 }
 
+/// Runs one of `statements` (one per partition of the ring) for the ids of each partition.
+fn run_by_leaf(statements: &[OwnedPreparedStatement], ids: Vec<i64>, what: &str) {
+    let mut by_leaf: [Vec<i64>; LEAVES] = Default::default();
+    for id in ids {
+        by_leaf[ring::leaf_of(id)].push(id);
+    }
+    Spi::connect_mut(|client| {
+        for (leaf, ids) in by_leaf.into_iter().enumerate() {
+            if ids.is_empty() {
+                continue;
+            }
+            client
+                .update(&statements[leaf], None, &[ids.into()])
+                .unwrap_or_else(|e| error!("outbox relay: {what} failed: {e}"));
+        }
+    });
+}
+
 fn run_claim(
     statement: &Plan,
     limit: usize,
@@ -731,8 +965,9 @@ fn run_claim(
 /// Redis works on it.
 const CLAIM_BYTES: usize = 16 * 1024 * 1024;
 
-/// The claim's columns: their types, in the order of [`CLAIMED_COLUMNS`].
-const CLAIMED_TYPES: [pg_sys::Oid; 7] = [
+/// The claim's columns: their types, in the order of [`CLAIMED_COLUMNS`], then whether the row
+/// is blocked.
+const CLAIMED_TYPES: [pg_sys::Oid; 8] = [
     pg_sys::INT8OID,
     pg_sys::TEXTOID,
     pg_sys::TEXTOID,
@@ -740,17 +975,23 @@ const CLAIMED_TYPES: [pg_sys::Oid; 7] = [
     pg_sys::INT4OID,
     pg_sys::TEXTOID,
     pg_sys::TEXTOID,
+    pg_sys::BOOLOID,
 ];
 
 /// Reads one claimed row, its columns in the order of [`CLAIMED_TYPES`]. Topic and payload
 /// are read as the database stores them and converted to UTF-8 here, one event at a time, so
 /// that text which cannot be converted is charged to its event instead of failing the claim.
+/// Of a blocked row only the id is read.
 fn read_row(claimed: &mut Claimed, values: &[pg_sys::Datum], nulls: &[bool], utf8_database: bool) {
     let column = |i: usize| (!nulls[i]).then_some(values[i]);
     // By value, as a 64-bit server passes bigint, timestamptz and integer datums.
     let Some(id) = column(0).map(|d| d.value() as i64) else {
         error!("outbox relay: a claimed row has no id");
     };
+    if column(7).is_some_and(|d| d.value() != 0) {
+        claimed.blocked.push(id);
+        return;
+    }
     let created_at = column(3).map(|d| d.value() as i64);
     let attempts = column(4).map_or(0, |d| d.value() as i32);
     let text = |i: usize, name: &str| match column(i) {
@@ -841,4 +1082,62 @@ unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String,
         unsafe { pg_sys::pfree(text.cast()) };
     }
     read
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::encode::sample_event;
+
+    fn failure(id: i64) -> Failure {
+        Failure {
+            id,
+            topic: "t".into(),
+            attempts: 0,
+            error: "not UTF-8".into(),
+            permanent: true,
+        }
+    }
+
+    fn claimed(events: &[i64], unreadable: &[i64], blocked: &[i64]) -> Claimed {
+        Claimed {
+            events: events.iter().map(|&id| sample_event(id, "t")).collect(),
+            unreadable: unreadable.iter().map(|&id| failure(id)).collect(),
+            blocked: blocked.to_vec(),
+            ..Claimed::default()
+        }
+    }
+
+    #[test]
+    fn blocked_rows_count_against_the_limit_and_move_the_reach() {
+        let claim = claimed(&[3, 5], &[4], &[1, 2, 9]);
+        // The claim's LIMIT counted them: a chunk of blocked rows is a full chunk.
+        assert_eq!(claim.len(), 6);
+        // Held in the same transaction, they leave the index of fresh events behind the cursor.
+        assert_eq!(claim.highest_of_all(), Some(9));
+        assert_eq!(claimed(&[], &[], &[]).highest_of_all(), None);
+    }
+
+    #[test]
+    fn a_truncated_claim_keeps_events_then_unreadable_then_blocked_rows() {
+        let mut claim = claimed(&[3, 5], &[4], &[1, 2, 9]);
+        claim.truncate(4);
+        assert_eq!(claim.len(), 4);
+        assert_eq!(claim.blocked, [1]);
+        claim.truncate(2);
+        assert_eq!((claim.events.len(), claim.unreadable.len()), (2, 0));
+        assert!(claim.blocked.is_empty());
+    }
+
+    #[test]
+    fn due_rows_join_in_id_order_with_their_blocked_rows() {
+        let mut claim = claimed(&[3, 8], &[], &[6]);
+        claim.add_due(claimed(&[1, 5], &[], &[2]));
+        let ids: Vec<i64> = claim.events.iter().map(|e| e.id).collect();
+        assert_eq!(ids, [1, 3, 5, 8]);
+        assert_eq!(claim.blocked, [6, 2]);
+        // Due rows that are all blocked still join.
+        claim.add_due(claimed(&[], &[], &[7]));
+        assert_eq!(claim.len(), 7);
+    }
 }

@@ -15,6 +15,7 @@ mod connection;
 mod cursor;
 pub mod encode;
 mod extension;
+mod hold;
 pub mod launcher;
 mod link;
 mod mailbox;
@@ -135,6 +136,8 @@ struct Relay {
     /// Whether an event in this worker's lanes had failed when last looked, over which lanes,
     /// and when that was.
     failing: retry::FailingLook,
+    /// Where the look for held events whose key has nothing before them stands (see `hold.rs`).
+    sweep: hold::Sweep,
     /// When a claim last looked for events whose retry is due. Only the relay schedules retries,
     /// and an event it charged counts as failing (`attempts > 0`) until it is out: while
     /// nothing in its lanes is failing, a pass looks for due events once per
@@ -214,6 +217,7 @@ impl Relay {
             backoff: Backoff::default(),
             retries: RetrySchedule::default(),
             failing: retry::FailingLook::default(),
+            sweep: hold::Sweep::default(),
             due_looked_at: None,
             two_phase: worker::two_phase_commit_enabled(),
             claiming_in: None,

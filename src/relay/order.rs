@@ -75,12 +75,6 @@ impl PassOrder {
         self.deferred = true;
     }
 
-    /// Records that events claimed in this pass were left for a later one whole (a claim that
-    /// read its fill of bytes): no later claim of this pass may pass them by.
-    pub fn defer(&mut self) {
-        self.deferred = true;
-    }
-
     /// Whether an event claimed in this pass was left for a later one.
     pub fn deferred(&self) -> bool {
         self.deferred
