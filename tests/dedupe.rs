@@ -545,3 +545,93 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     }
     assert!(!fields(current).contains_key("mthird"));
 }
+
+/// Exactly once across a failover to a synchronous standby. The relay commits without waiting
+/// for the standby, so a standby promoted after a crash may lack the marks of the last batches
+/// and publish them again: their markers must still be in Redis to absorb the repeat. The
+/// standby's WAL receiver is frozen from a third of the drain on, so that the primary gets
+/// ahead of it by many batches; at half the primary crashes and the standby is promoted.
+#[test]
+fn a_synchronous_standby_promoted_mid_drain_publishes_nothing_twice() {
+    const EVENTS: i64 = 300_000;
+    let redis = Redis::start();
+    let url = redis.relay_url();
+    let mut primary = Pg::start(&[
+        // Pointed away while the events are written, so that the drain starts all at once.
+        ("outbox.redis_url", "redis://127.0.0.1:1"),
+        ("outbox.redis_timeout", "1s"),
+        ("outbox.batch_size", "1000"),
+    ]);
+    let mut client = primary.with_extension();
+    let standby = primary.start_standby(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.batch_size", "1000"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    primary.set(&[("synchronous_standby_names", "*")]);
+    assert!(
+        wait_until(Duration::from_secs(30), || primary
+            .query_retrying("SELECT sync_state FROM pg_stat_replication")
+            .first()
+            .is_some_and(|r| r.get::<_, String>(0) == "sync")),
+        "the standby did not become synchronous"
+    );
+    // Committed on the standby too, each transaction waiting for it.
+    for _ in 0..10 {
+        client
+            .batch_execute(
+                "SELECT outbox_enqueue('failover', jsonb_build_object('n', g)) \
+                 FROM generate_series(1, 30000) g",
+            )
+            .unwrap();
+    }
+    let expected: BTreeSet<i64> = client
+        .query("SELECT id FROM outbox", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(expected.len(), EVENTS as usize);
+
+    primary.set(&[("outbox.redis_url", url.as_str())]);
+    assert!(
+        wait_until(Duration::from_secs(120), || redis.xlen("failover") >= 100_000),
+        "the drain did not reach a third"
+    );
+    let receiver: i32 = standby.query_retrying("SELECT pid FROM pg_stat_wal_receiver")[0].get(0);
+    signal(receiver, "-STOP");
+    let frozen_at = redis.xlen("failover");
+    assert!(
+        wait_until(Duration::from_secs(120), || redis.xlen("failover") >= 150_000),
+        "the drain stopped while the standby was frozen"
+    );
+    primary.stop("immediate");
+    signal(receiver, "-CONT");
+    standby.promote();
+    assert!(
+        wait_until(Duration::from_secs(180), || standby.pending() == 0),
+        "the promoted standby did not finish the drain"
+    );
+    let published = redis.ids("failover");
+    let unique: BTreeSet<i64> = published.iter().copied().collect();
+    assert_eq!(
+        unique.len(),
+        expected.len(),
+        "lost {} events",
+        expected.difference(&unique).count()
+    );
+    assert_eq!(
+        published.len(),
+        unique.len(),
+        "{} events published twice (the standby was frozen at {frozen_at})",
+        published.len() - unique.len()
+    );
+}
+
+fn signal(pid: i32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("cannot run kill");
+    assert!(status.success(), "kill {signal} {pid} failed");
+}

@@ -422,8 +422,8 @@ impl Relay {
         }
     }
 
-    /// Tells the Redis thread how far the WAL is on disk, so that it deletes the markers of the
-    /// batches whose commit is. The WAL writer flushes the relay's commits within
+    /// Tells the Redis thread how far the WAL is on disk (and, with synchronous standbys, on
+    /// theirs), so that it deletes the markers of the batches whose commit is. The WAL writer flushes the relay's commits within
     /// `wal_writer_delay`; with `flush`, or once a commit has waited [`FLUSH_AT_LEAST_EVERY`]
     /// (`wal_writer_delay` may be set up to 10 s), the relay flushes its last commit itself.
     fn report_flushed(&mut self, flush: bool) {
@@ -434,6 +434,11 @@ impl Relay {
         if flushed < waiting && (flush || since.elapsed() >= FLUSH_AT_LEAST_EVERY) {
             worker::flush_wal(waiting);
             flushed = worker::wal_flushed_to().max(waiting);
+        }
+        // With synchronous standbys, a commit is durable once they have it too: one promoted
+        // after a crash must find the markers of every batch whose mark it lacks.
+        if let Some(replicated) = worker::sync_standbys_flushed_to() {
+            flushed = flushed.min(replicated);
         }
         if flushed > self.flushed_told {
             self.publisher.flushed(flushed);

@@ -133,6 +133,24 @@ pub fn wal_flushed_to() -> u64 {
     crate::compat::wal_flushed_to()
 }
 
+/// How far the synchronous standbys have confirmed flushing the WAL, when
+/// `synchronous_standby_names` asks for any: a commit past it is lost by a failover to one of
+/// them. `None` without synchronous standbys.
+pub fn sync_standbys_flushed_to() -> Option<u64> {
+    // SAFETY: the GUC's string is PostgreSQL's, valid until the next reload (this process's
+    // own, read on its main thread); `WalSndCtl` points into shared memory set up at start. The
+    // position is a 64-bit word the walsenders advance under `SyncRepLock`: read whole on a
+    // 64-bit server, at worst a moment old, which only keeps markers a little longer.
+    unsafe {
+        let names = pg_sys::SyncRepStandbyNames;
+        if names.is_null() || *names == 0 || pg_sys::WalSndCtl.is_null() {
+            return None;
+        }
+        let lsn = &raw const (*pg_sys::WalSndCtl).lsn[pg_sys::SYNC_REP_WAIT_FLUSH as usize];
+        Some(std::ptr::read_volatile(lsn))
+    }
+}
+
 /// Writes and flushes the WAL up to `lsn`, as a synchronous commit would have.
 pub fn flush_wal(lsn: u64) {
     // SAFETY: the flush any committing backend does, outside recovery (the relay never commits
