@@ -97,6 +97,7 @@ mod tests {
     fn a_full_look_is_continued_past_its_last_entry_and_a_short_one_starts_over() {
         let (t0, poll) = (Instant::now(), Duration::from_millis(100));
         let mut sweep = Sweep::default();
+        assert_eq!(sweep.due(&LANES, t0, poll), Some(None));
         let stuck = sweep.looked(t0, 3, &[(7, false), (9, true), (4, false)]);
         assert_eq!(stuck, [9]);
         // Index order, not id order: the last entry read is where the next look starts.
