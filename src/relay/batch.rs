@@ -87,8 +87,8 @@ impl Relay {
             let moved = statements.move_due(batch_size, &scope.lanes);
             self.moved_at = Some(now);
             self.moved_full = moved.count == batch_size;
+            let renumbered = !moved.renumbered.is_empty();
             for (delayed, id) in moved.renumbered {
-                // Logged as it happens: a pass that rolls back moves it again, with another id.
                 warning!(
                     "outbox relay {}: delayed event {delayed} is due, but outbox holds another \
                      event with id {delayed} (ids used again): it goes into outbox as event {id}",
@@ -98,6 +98,13 @@ impl Relay {
             if moved.count > 0 {
                 // Their ids are older than the backlog's: claim from the lowest.
                 self.start.forget();
+            }
+            if renumbered {
+                // Committed before any of them is published: the new id is the event's identity
+                // in Redis (its markers name it), and a pass that published it and then rolled
+                // back would move it again under another id, which no marker would catch. The
+                // next pass follows at once.
+                return Batch::nothing(Pass::Full);
             }
         }
         // Whether held events were released in this pass.
