@@ -770,8 +770,14 @@ impl Statements {
                 let mut claimed = run(&self.claim_fresh_above, room, Some(above));
                 if claimed.len() < room && below {
                     let below = run(&self.claim_fresh_below, room - claimed.len(), Some(above));
+                    if !below.left.is_empty() {
+                        // Rows below the cursor were left unread: the events above it wait
+                        // with them, so that none goes out before an earlier one of its key.
+                        claimed.left.extend(claimed.events.drain(..).map(|e| e.id));
+                    }
                     claimed.events.splice(0..0, below.events);
                     claimed.unreadable.extend(below.unreadable);
+                    claimed.blocked.extend(below.blocked);
                     claimed.left.extend(below.left);
                 }
                 claimed
@@ -960,7 +966,8 @@ fn run_claim(
     claimed
 }
 
-/// Most bytes of text (topic, payload, key, headers) one claim reads: a chunk of large events
+/// Most bytes of text (topic, payload, key, headers) one claim statement reads (a claim runs up
+/// to three: due events, and fresh ones above and below the cursor): a chunk of large events
 /// is held in memory twice over (as read, and as sent), and the next chunk is claimed while
 /// Redis works on it.
 const CLAIM_BYTES: usize = 16 * 1024 * 1024;
