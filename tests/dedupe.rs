@@ -550,7 +550,8 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
 /// for the standby, so a standby promoted after a crash may lack the marks of the last batches
 /// and publish them again: their markers must still be in Redis to absorb the repeat. The
 /// standby's WAL receiver is frozen from a third of the drain on, so that the primary gets
-/// ahead of it by many batches; at half the primary crashes and the standby is promoted.
+/// ahead of it by many batches; at half the primary crashes, the receiver is killed with what
+/// it had not written, and the standby is promoted.
 #[test]
 fn a_synchronous_standby_promoted_mid_drain_publishes_nothing_twice() {
     const EVENTS: i64 = 300_000;
@@ -595,18 +596,30 @@ fn a_synchronous_standby_promoted_mid_drain_publishes_nothing_twice() {
 
     primary.set(&[("outbox.redis_url", url.as_str())]);
     assert!(
-        wait_until(Duration::from_secs(120), || redis.xlen("failover") >= 100_000),
+        wait_until(Duration::from_secs(120), || redis.xlen("failover")
+            >= 100_000),
         "the drain did not reach a third"
     );
     let receiver: i32 = standby.query_retrying("SELECT pid FROM pg_stat_wal_receiver")[0].get(0);
     signal(receiver, "-STOP");
     let frozen_at = redis.xlen("failover");
     assert!(
-        wait_until(Duration::from_secs(120), || redis.xlen("failover") >= 150_000),
+        wait_until(Duration::from_secs(120), || redis.xlen("failover")
+            >= 150_000),
         "the drain stopped while the standby was frozen"
     );
     primary.stop("immediate");
-    signal(receiver, "-CONT");
+    // What the receiver had not written yet, in its socket's buffer too, is lost with it: the
+    // standby restarts from the WAL on its disk.
+    signal(receiver, "-KILL");
+    assert!(
+        wait_until(Duration::from_secs(60), || standby
+            .log()
+            .contains("all server processes terminated; reinitializing")),
+        "the standby did not restart after its WAL receiver was killed"
+    );
+    let in_recovery: bool = standby.query_retrying("SELECT pg_is_in_recovery()")[0].get(0);
+    assert!(in_recovery, "the standby came back promoted");
     standby.promote();
     assert!(
         wait_until(Duration::from_secs(180), || standby.pending() == 0),
