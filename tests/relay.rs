@@ -1096,6 +1096,7 @@ fn large_events_are_claimed_a_few_megabytes_at_a_time() {
     assert!(drained, "the large events were not published");
     assert_eq!(redis.xlen("large"), 40);
     let grown_mb = peak.saturating_sub(before) / 1024;
+    eprintln!("the worker's heap grew by {grown_mb} MB at most");
     // One batch read whole is 320 MB of keys, held twice: over 600 MB.
     assert!(
         grown_mb < 200,
