@@ -1076,10 +1076,12 @@ fn a_latin1_schema_name_is_relayed_from() {
         ) == 0),
         "the published events were never pruned from the schema"
     );
-    let log = log_text(&pg);
+    // Written once the worker's state changes, which may come after its first events.
     assert!(
-        log.contains("relaying from schema \"ausgänge\""),
-        "the log does not name the schema in UTF-8:\n{log}"
+        wait_until(Duration::from_secs(10), || log_text(&pg)
+            .contains("relaying from schema \"ausgänge\"")),
+        "the log does not name the schema in UTF-8:\n{}",
+        log_text(&pg)
     );
     assert_no_utf8_panic(&pg);
     assert_no_crash(&pg, &pids);
@@ -1127,10 +1129,12 @@ fn a_database_owner_renaming_public_to_a_latin1_name_does_not_stop_the_relay() {
     );
     assert_stream_fills(&redis, "renamed", 2);
     assert_eq!(redis.ids("renamed"), [before, after]);
-    let log = log_text(&pg);
+    // Written once the worker's state changes, which may come after its first events.
     assert!(
-        log.contains("relaying from schema \"öffentlich\""),
-        "the log does not name the schema in UTF-8:\n{log}"
+        wait_until(Duration::from_secs(10), || log_text(&pg)
+            .contains("relaying from schema \"öffentlich\"")),
+        "the log does not name the schema in UTF-8:\n{}",
+        log_text(&pg)
     );
     assert_no_utf8_panic(&pg);
     assert_no_crash(&pg, &pg.worker_pids());
