@@ -456,32 +456,26 @@ unsafe fn candidate<'a>(newval: *mut *mut c_char) -> Option<&'a str> {
     }
 }
 
-/// Sets the message of a failed GUC check, in place of PostgreSQL's, which quotes the value.
-fn check_message(message: &str) {
-    let msg = CString::new(message.replace('\0', "")).unwrap_or_default();
-    // SAFETY: GUC_check_errmsg_string is PostgreSQL's documented way for a check hook to report
-    // its message; it takes ownership of a palloc'd string, which pstrdup makes.
-    unsafe {
-        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(msg.as_ptr());
-    }
+/// What a failed GUC check reports, in place of PostgreSQL's own words (its message quotes the
+/// value).
+enum CheckText {
+    Message,
+    Detail,
+    Hint,
 }
 
-/// Sets the hint of a failed GUC check.
-fn check_hint(message: &str) {
-    let msg = CString::new(message.replace('\0', "")).unwrap_or_default();
-    // SAFETY: as for GUC_check_errdetail_string below.
+/// Sets one text of a failed GUC check.
+fn check_text(which: CheckText, text: &str) {
+    let text = CString::new(text.replace('\0', "")).unwrap_or_default();
+    // SAFETY: GUC_check_errmsg_string and its two siblings are PostgreSQL's documented way for
+    // a check hook to report; each takes ownership of a palloc'd string, which pstrdup makes.
     unsafe {
-        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(msg.as_ptr());
-    }
-}
-
-/// Sets the detail message of a failed GUC check.
-fn check_detail(message: &str) {
-    let msg = CString::new(message.replace('\0', "")).unwrap_or_default();
-    // SAFETY: GUC_check_errdetail_string is PostgreSQL's documented way for a check hook to report
-    // a detail; it takes ownership of a palloc'd string, which pstrdup makes.
-    unsafe {
-        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(msg.as_ptr());
+        let copy = pg_sys::pstrdup(text.as_ptr());
+        match which {
+            CheckText::Message => pg_sys::GUC_check_errmsg_string = copy,
+            CheckText::Detail => pg_sys::GUC_check_errdetail_string = copy,
+            CheckText::Hint => pg_sys::GUC_check_errhint_string = copy,
+        }
     }
 }
 
@@ -517,10 +511,14 @@ unsafe extern "C-unwind" fn check_redis_url(
             // PostgreSQL's own message would show the value as it was written, in the server
             // log (a reload) or to the client; none is shown, and the detail names the URL at
             // fault by its place in the list.
-            check_message("invalid value for parameter \"outbox.redis_url\"");
-            check_detail(&refused.to_string());
+            check_text(
+                CheckText::Message,
+                "invalid value for parameter \"outbox.redis_url\"",
+            );
+            check_text(CheckText::Detail, &refused.to_string());
             if let redis_url::Refused::Password = refused {
-                check_hint(
+                check_text(
+                    CheckText::Hint,
                     "Remove the password from the URL (keep the user name: redis://user@host) and \
                      write it to a file only the server's OS user can read, named by \
                      outbox.redis_password_file.",
@@ -549,7 +547,7 @@ unsafe extern "C-unwind" fn check_database(
     match crate::databases::Selection::parse(value) {
         Ok(_) => true,
         Err(why) => {
-            check_detail(&why);
+            check_text(CheckText::Detail, &why);
             false
         }
     }
@@ -564,10 +562,13 @@ unsafe extern "C-unwind" fn check_notify_channel(
     // SAFETY: called by PostgreSQL as a string check hook.
     let value = unsafe { candidate(newval) }.unwrap_or("");
     if value.len() >= pg_sys::NAMEDATALEN as usize {
-        check_detail(&format!(
-            "A notification channel name is at most {} bytes long.",
-            pg_sys::NAMEDATALEN - 1
-        ));
+        check_text(
+            CheckText::Detail,
+            &format!(
+                "A notification channel name is at most {} bytes long.",
+                pg_sys::NAMEDATALEN - 1
+            ),
+        );
         return false;
     }
     true
