@@ -35,6 +35,15 @@ pub fn to_utf8(bytes: &[u8]) -> Result<Cow<'_, [u8]>, String> {
     convert(encoding, bytes).map(Cow::Owned)
 }
 
+/// Text of the database's encoding as UTF-8 for a log line or a comparison with our own text:
+/// what has no UTF-8 form is replaced, never refused.
+pub fn shown(bytes: &[u8]) -> String {
+    match to_utf8(bytes) {
+        Ok(utf8) => String::from_utf8_lossy(&utf8).into_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
+}
+
 /// Converts with the database's default conversion to UTF-8, stopping at the first character
 /// that has no equivalent.
 fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {

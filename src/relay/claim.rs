@@ -53,10 +53,7 @@ unsafe fn text_shown(datum: pg_sys::Datum) -> String {
         let text = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
         pgrx::varlena::varlena_to_byte_slice(text).to_vec()
     };
-    match utf8::to_utf8(&bytes) {
-        Ok(utf8) => String::from_utf8_lossy(&utf8).into_owned(),
-        Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
-    }
+    utf8::shown(&bytes)
 }
 
 /// What a claim took: the events to publish, those whose text cannot be sent as UTF-8 (with the

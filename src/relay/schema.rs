@@ -43,10 +43,7 @@ impl Schema {
                 .to_bytes()
                 .to_vec()
         };
-        let shown = match utf8::to_utf8(&quoted) {
-            Ok(utf8) => String::from_utf8_lossy(&utf8).into_owned(),
-            Err(_) => String::from_utf8_lossy(&quoted).into_owned(),
-        };
+        let shown = utf8::shown(&quoted);
         Some(Schema {
             oid: namespace,
             quoted,
