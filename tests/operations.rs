@@ -486,12 +486,6 @@ fn dump_and_restore_keep_events_dead_letters_and_ids() {
     );
 }
 
-/// The state and last error of the only relay worker.
-fn worker_state(pg: &Pg) -> (String, Option<String>) {
-    let rows = pg.query_retrying("SELECT state, last_error FROM outbox_workers");
-    (rows[0].get(0), rows[0].get(1))
-}
-
 /// The password lives in a file that the relay reads when it connects: a monitoring role sees
 /// the URL and the file's name, never the password, and neither does the server log.
 #[test]
@@ -508,9 +502,9 @@ fn the_redis_password_is_read_from_a_file_and_shown_nowhere() {
     pg.wait_for_workers(1);
     enqueue_many(&mut admin, "secret", 3);
     assert!(wait_until(Duration::from_secs(10), || {
-        worker_state(&pg).0 == "backoff"
+        pg.worker_state().0 == "backoff"
     }));
-    let error = worker_state(&pg).1.unwrap_or_default();
+    let error = pg.worker_state().1.unwrap_or_default();
     assert!(
         error.to_lowercase().contains("password") || error.contains("WRONGPASS"),
         "{error}"
@@ -539,7 +533,7 @@ fn the_redis_password_is_read_from_a_file_and_shown_nowhere() {
     assert!(
         wait_until(Duration::from_secs(30), || redis.xlen("secret") == 3),
         "the relay did not read the password file again: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
     let log = pg.log();
     assert!(
@@ -591,21 +585,21 @@ fn a_password_in_the_redis_url_is_refused() {
     pg.set(&[("outbox.redis_url", with_password.as_str())]);
     enqueue_many(&mut admin, "refused", 2);
     assert!(
-        wait_until(Duration::from_secs(20), || worker_state(&pg).0 == "backoff"),
+        wait_until(Duration::from_secs(20), || pg.worker_state().0 == "backoff"),
         "the relay did not stop at a refused URL: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
-    let error = worker_state(&pg).1.unwrap_or_default();
+    let error = pg.worker_state().1.unwrap_or_default();
     assert!(error.contains("outbox.redis_password_file"), "{error}");
     // And at a restart, the server starts all the same.
     pg.restart();
     pg.wait_for_workers(1);
     assert!(
-        wait_until(Duration::from_secs(20), || worker_state(&pg).0 == "backoff"),
+        wait_until(Duration::from_secs(20), || pg.worker_state().0 == "backoff"),
         "after a restart the relay did not wait at a refused URL: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
-    let error = worker_state(&pg).1.unwrap_or_default();
+    let error = pg.worker_state().1.unwrap_or_default();
     assert!(error.contains("outbox.redis_password_file"), "{error}");
     assert_eq!(redis.xlen("refused"), 0, "published with a refused URL");
     let log = pg.log();
@@ -626,7 +620,7 @@ fn a_password_in_the_redis_url_is_refused() {
     assert!(
         wait_until(Duration::from_secs(20), || redis.xlen("refused") == 2),
         "the relay did not resume: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
 }
 
@@ -643,9 +637,9 @@ fn a_password_file_others_can_read_is_refused() {
     pg.wait_for_workers(1);
     enqueue_many(&mut admin, "guarded", 2);
     assert!(wait_until(Duration::from_secs(20), || {
-        worker_state(&pg).0 == "backoff"
+        pg.worker_state().0 == "backoff"
     }));
-    let error = worker_state(&pg).1.unwrap_or_default();
+    let error = pg.worker_state().1.unwrap_or_default();
     assert!(
         error.contains("outbox.redis_password_file") && error.contains("0644"),
         "{error}"
@@ -655,7 +649,7 @@ fn a_password_file_others_can_read_is_refused() {
     assert!(
         wait_until(Duration::from_secs(30), || redis.xlen("guarded") == 2),
         "{:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
 }
 

@@ -12,12 +12,6 @@ use std::time::Duration;
 use common::topology::{tls_conn, tls_server, Certificates, Cluster, Sentinels};
 use common::{enqueue_many, kill_between_publish_and_mark, password_file, wait_until, Client, Pg};
 
-/// The state and last error of the only relay worker.
-fn worker_state(pg: &Pg) -> (String, Option<String>) {
-    let rows = pg.query_retrying("SELECT state, last_error FROM outbox_workers");
-    (rows[0].get(0), rows[0].get(1))
-}
-
 /// Enqueues `n` events numbered from `first`, spread over `topics` topics `t00`, `t01` ...;
 /// records each event's id under its topic.
 fn enqueue_spread(
@@ -186,7 +180,7 @@ fn a_cluster_failover_and_a_reshard_during_the_drain_lose_nothing() {
         wait_until(Duration::from_secs(180), || pg.pending() == 0),
         "{} events still pending; worker: {:?}",
         pg.pending(),
-        worker_state(&pg)
+        pg.worker_state()
     );
     let twice = check_streams(&expected, |s| cluster.ids(s));
     assert_eq!(
@@ -247,7 +241,7 @@ fn a_primary_killed_behind_sentinel_mid_drain_loses_nothing() {
         wait_until(Duration::from_secs(180), || pg.pending() == 0),
         "{} events still pending; worker: {:?}",
         pg.pending(),
-        worker_state(&pg)
+        pg.worker_state()
     );
     // The primary now: the promoted replica, or (when a loaded machine made the sentinels fail
     // over once more) the old primary back in charge; either holds every acknowledged chunk.
@@ -275,7 +269,7 @@ fn a_primary_killed_behind_sentinel_mid_drain_loses_nothing() {
 fn backoff_with(pg: &Pg, needle: &str) -> String {
     let mut last = None;
     let found = wait_until(Duration::from_secs(30), || {
-        let state = worker_state(pg);
+        let state = pg.worker_state();
         let hit = state.0 == "backoff"
             && state
                 .1
@@ -319,7 +313,7 @@ fn tls_with_the_tests_ca_publishes_and_refuses_what_it_cannot_verify() {
     assert!(
         wait_until(Duration::from_secs(20), || xlen() == 20),
         "nothing arrived over TLS: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
 
     // A CA that did not sign the server's certificate. The event goes in once the worker has
@@ -371,7 +365,7 @@ fn tls_with_the_tests_ca_publishes_and_refuses_what_it_cannot_verify() {
     assert!(
         wait_until(Duration::from_secs(30), || xlen() == 21),
         "the waiting event did not go out: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
     let ids: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
         .arg("orders")
@@ -387,7 +381,7 @@ fn tls_with_the_tests_ca_publishes_and_refuses_what_it_cannot_verify() {
 fn wait_for_error_change(pg: &Pg, previous: &str) -> String {
     let mut last = None;
     let changed = wait_until(Duration::from_secs(30), || {
-        let state = worker_state(pg);
+        let state = pg.worker_state();
         let hit = state.0 == "backoff" && state.1.as_deref().is_some_and(|e| e != previous);
         last = Some(state);
         hit
@@ -433,7 +427,7 @@ fn the_readme_minimal_cluster_user_publishes_with_and_without_dedupe() {
     assert!(
         wait_until(Duration::from_secs(30), || pg.pending() == 0),
         "with dedupe on, the minimal user's events were not published: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
     pg.set(&[("outbox.dedupe", "off")]);
     assert!(wait_until(Duration::from_secs(20), || pg
@@ -444,7 +438,7 @@ fn the_readme_minimal_cluster_user_publishes_with_and_without_dedupe() {
     assert!(
         wait_until(Duration::from_secs(30), || pg.pending() == 0),
         "with dedupe off, the minimal user's events were not published: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
     let prefixed: BTreeMap<String, Vec<i64>> = expected
         .into_iter()
@@ -481,7 +475,7 @@ fn on_a_cluster_markers_absorb_the_batches_of_killed_workers() {
     assert!(
         wait_until(Duration::from_secs(60), || pg.pending() == 0),
         "backlog not drained: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
     let twice = check_streams(&expected, |s| cluster.ids(s));
     assert_eq!(twice, 0, "a killed worker's batch was added twice");
@@ -510,11 +504,11 @@ fn sentinels_and_their_primary_take_passwords_from_files() {
     pg.wait_for_workers(1);
     let ids = enqueue_many(&mut client, "guarded", 5);
     assert!(
-        wait_until(Duration::from_secs(20), || worker_state(&pg).0 == "backoff"),
+        wait_until(Duration::from_secs(20), || pg.worker_state().0 == "backoff"),
         "{:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
-    let error = worker_state(&pg).1.unwrap_or_default();
+    let error = pg.worker_state().1.unwrap_or_default();
     assert!(error.contains("sentinel"), "{error}");
     assert_eq!(sentinels.primary.ids("guarded"), Vec::<i64>::new());
 
@@ -527,7 +521,7 @@ fn sentinels_and_their_primary_take_passwords_from_files() {
         wait_until(Duration::from_secs(30), || sentinels.primary.ids("guarded")
             == ids),
         "{:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
     assert!(!pg.log().contains("s3cret"), "{}", pg.log());
 }
@@ -572,7 +566,7 @@ fn a_demoted_primary_sends_the_relay_back_to_the_sentinels() {
     assert!(
         wait_until(Duration::from_secs(60), || pg.pending() == 0),
         "the relay did not follow the new primary: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
     let twice = check_streams(&expected, |stream| redis.replica.ids(stream));
     assert_eq!(twice, 0);
@@ -643,7 +637,7 @@ fn on_a_cluster_a_refused_event_costs_its_neighbours_no_duplicate() {
                     .all(|(stream, ids)| cluster.xlen(stream) >= ids.len())
         }),
         "the refused events were not charged, or the others not published: {:?}",
-        worker_state(&pg)
+        pg.worker_state()
     );
     let twice = check_streams(&expected, |s| cluster.ids(s));
     assert_eq!(twice, 0, "events beside a refused one were added twice");

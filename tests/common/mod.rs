@@ -654,6 +654,12 @@ impl Pg {
     }
 
     /// Number of outbox rows still unpublished.
+    /// The state and last error of the only relay worker.
+    pub fn worker_state(&self) -> (String, Option<String>) {
+        let rows = self.query_retrying("SELECT state, last_error FROM outbox_workers");
+        (rows[0].get(0), rows[0].get(1))
+    }
+
     pub fn pending(&self) -> i64 {
         self.query_retrying("SELECT count(*) FROM outbox WHERE published_at IS NULL")[0].get(0)
     }
