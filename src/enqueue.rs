@@ -17,7 +17,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, varlena, IntoDatum, PgLogLevel, PgSqlErrorCode};
 
-use crate::{gucs, insert, lane, utf8, wake};
+use crate::{gucs, insert, lane, trace, utf8, wake};
 
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.
 pub const MAX_TOPIC_BYTES: usize = 256;
@@ -218,6 +218,7 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
                     raise(InputError::HeadersTooLarge { size, limit });
                 }
             }
+            let headers = trace::with_trace_context(headers);
             let deliver_at = argument(4).and_then(|delay| deliver_at(delay));
             insert::Extra {
                 lane: lane::lane_of(key.map(|k| text_bytes(k)), topic),

@@ -57,6 +57,9 @@ static STREAM_MAXLEN: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Channel of the `pg_notify` call made by `outbox_enqueue`; empty turns it off.
 static NOTIFY_CHANNEL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"outbox"));
+/// The W3C trace context a session's events carry when their statement has none of its own.
+static TRACEPARENT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static TRACESTATE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 /// Most `outbox.max_payload_size` can be raised to: the relay holds a batch's events in memory,
 /// and Redis takes no string over 512 MB.
 pub const PAYLOAD_SIZE_CEILING: i32 = 64 * 1024 * 1024;
@@ -263,6 +266,31 @@ fn init_reloadable() {
             None,
         );
     }
+    // SAFETY: the check hooks are #[pg_guard] functions that only read their arguments.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.traceparent",
+            c"W3C traceparent that outbox_enqueue adds to the headers of this session's events.",
+            c"Used when the calling statement carries no sqlcommenter traceparent and the caller passes none in the headers; empty for none.",
+            &TRACEPARENT,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_traceparent),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.tracestate",
+            c"W3C tracestate that goes with outbox.traceparent.",
+            c"Added only with outbox.traceparent; empty for none.",
+            &TRACESTATE,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_tracestate),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"outbox.max_payload_size",
         c"Largest payload, as JSON text, that outbox_enqueue accepts.",
@@ -416,6 +444,28 @@ pub fn notify_channel_ptr() -> Option<*const c_char> {
             Some(ptr.cast_const())
         }
     }
+}
+
+/// A string setting read without copying it unless it is set: `outbox_enqueue` reads these on
+/// every call.
+fn set_string(setting: &GucSetting<Option<CString>>) -> Option<String> {
+    // SAFETY: as in `notify_channel_ptr`.
+    unsafe {
+        let ptr = *setting.as_ptr();
+        if ptr.is_null() || *ptr == 0 {
+            None
+        } else {
+            Some(CStr::from_ptr(ptr).to_string_lossy().into_owned())
+        }
+    }
+}
+
+pub fn traceparent() -> Option<String> {
+    set_string(&TRACEPARENT)
+}
+
+pub fn tracestate() -> Option<String> {
+    set_string(&TRACESTATE)
 }
 
 pub fn max_payload_size() -> usize {
@@ -572,4 +622,60 @@ unsafe extern "C-unwind" fn check_notify_channel(
         return false;
     }
     true
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_traceparent(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    let value = unsafe { candidate_bytes(newval) };
+    if value.is_empty() || crate::trace::is_traceparent(value) {
+        return true;
+    }
+    check_text(
+        CheckText::Detail,
+        "A traceparent is version-traceid-parentid-flags in lowercase hex, such as \
+         00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01.",
+    );
+    false
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_tracestate(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    let value = unsafe { candidate_bytes(newval) };
+    if value.is_empty() || crate::trace::is_tracestate(value) {
+        return true;
+    }
+    check_text(
+        CheckText::Detail,
+        &format!(
+            "A tracestate is a list of key=value members in printable ASCII, at most {} bytes.",
+            crate::trace::MAX_TRACESTATE_BYTES
+        ),
+    );
+    false
+}
+
+/// A string check hook's candidate value as bytes, empty for null.
+///
+/// # Safety
+/// `newval` must be a string check hook's argument.
+unsafe fn candidate_bytes<'a>(newval: *mut *mut c_char) -> &'a [u8] {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let ptr = *newval;
+        if ptr.is_null() {
+            &[]
+        } else {
+            CStr::from_ptr(ptr).to_bytes()
+        }
+    }
 }

@@ -21,6 +21,7 @@ mod ring;
 mod shmem;
 mod status;
 mod step_aside;
+mod trace;
 mod utf8;
 mod utility;
 mod wake;
