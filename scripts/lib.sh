@@ -44,7 +44,9 @@ export PG_CONFIG PG_MAJOR
 # The cargo features that build the extension for that major.
 CARGO_FEATURES=(--no-default-features --features "pg$PG_MAJOR")
 
-APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo openssl)
+# prometheus-postgres-exporter: the metrics test runs Debian's exporter with contrib/'s queries.
+APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo openssl
+  prometheus-postgres-exporter)
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
   APT_PACKAGES+=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR")
 elif [ "$PG_MAJOR" = 17 ]; then

@@ -316,6 +316,30 @@ CREATE VIEW @extschema@.outbox_status AS
             AS workers_running;
 COMMENT ON VIEW @extschema@.outbox_status IS 'Backlog and health of the outbox, in one row.';
 
+CREATE FUNCTION @extschema@._outbox_counters(
+    OUT published bigint, OUT failed bigint, OUT dead_lettered bigint)
+    RETURNS SETOF record
+    LANGUAGE c VOLATILE
+    AS 'MODULE_PATHNAME', '_outbox_counters_wrapper';
+
+-- What a metrics exporter scrapes (shipped as contrib/postgres_exporter.yml): one row for this
+-- database, in numbers. The counters count since the server started; the ages are in seconds.
+CREATE VIEW @extschema@.outbox_metrics AS
+    SELECT pg_catalog.current_database()::text AS database,
+           s.pending,
+           COALESCE(EXTRACT(epoch FROM s.oldest_pending_age), 0)::pg_catalog.float8
+               AS oldest_pending_seconds,
+           s.dead,
+           c.published AS published_total,
+           c.failed AS failed_total,
+           c.dead_lettered AS dead_lettered_total,
+           EXTRACT(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) s.last_published_at)::pg_catalog.float8
+               AS last_published_seconds,
+           s.workers_running
+    FROM @extschema@.outbox_status s, @extschema@._outbox_counters() c;
+COMMENT ON VIEW @extschema@.outbox_metrics IS
+    'Backlog, counters since the server started, and health of the outbox in this database, for a metrics exporter.';
+
 CREATE VIEW @extschema@.outbox_blocked AS
     SELECT o.id, o.topic, o.key, o.attempts, o.last_error, o.next_attempt_at
     FROM @extschema@.outbox o
@@ -325,8 +349,8 @@ COMMENT ON VIEW @extschema@.outbox_blocked IS
 
 -- PUBLIC gets nothing that writes or reads events. An application role needs
 -- GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb, interval); a monitoring
--- role needs GRANT SELECT ON outbox_status, outbox_workers (and outbox_blocked, which shows
--- topics and keys). The views call the status functions as the querying role, so those stay
+-- role needs GRANT SELECT ON outbox_status, outbox_workers, outbox_metrics (and outbox_blocked,
+-- which shows topics and keys). The views call the status functions as the querying role, so those stay
 -- executable: they expose worker state, never events.
 REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, jsonb, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@._outbox_wake() FROM PUBLIC;

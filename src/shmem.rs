@@ -241,6 +241,15 @@ fn truncate(text: &str, max: usize) -> &[u8] {
     &text.as_bytes()[..end]
 }
 
+/// Events a relay transaction published, charged a failed attempt, and moved to
+/// `outbox_dead`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub published: u64,
+    pub failed: u64,
+    pub dead_lettered: u64,
+}
+
 /// What the workers of one database share: the pruning and emptying turns, each partition's
 /// last mark, when they last published, and whether the launcher must leave the database alone.
 #[repr(C)]
@@ -249,6 +258,11 @@ pub struct DatabaseShare {
     oid: AtomicU32,
     /// When any of its workers last marked a batch published.
     last_published_at: AtomicI64,
+    /// Events its workers published, charged a failed attempt, and moved to `outbox_dead`, in
+    /// transactions that committed since the entry was taken: counters for monitoring.
+    published_total: AtomicU64,
+    failed_total: AtomicU64,
+    dead_lettered_total: AtomicU64,
     /// Earliest time the next pruning round may start; claimed by compare-and-swap.
     next_prune_at: AtomicI64,
     /// When a worker last looked for partitions to empty (0: not since the entry was taken);
@@ -277,6 +291,9 @@ impl DatabaseShare {
         DatabaseShare {
             oid: AtomicU32::new(0),
             last_published_at: AtomicI64::new(NO_TIME),
+            published_total: AtomicU64::new(0),
+            failed_total: AtomicU64::new(0),
+            dead_lettered_total: AtomicU64::new(0),
             next_prune_at: AtomicI64::new(0),
             truncate_looked_at: AtomicI64::new(0),
             truncate_again_at: AtomicI64::new(0),
@@ -291,6 +308,9 @@ impl DatabaseShare {
     /// Resets the entry for a database taken at `now`.
     fn reset(&self, now: i64) {
         self.last_published_at.store(NO_TIME, Ordering::Relaxed);
+        self.published_total.store(0, Ordering::Relaxed);
+        self.failed_total.store(0, Ordering::Relaxed);
+        self.dead_lettered_total.store(0, Ordering::Relaxed);
         self.next_prune_at.store(0, Ordering::Relaxed);
         self.truncate_looked_at.store(0, Ordering::Relaxed);
         self.truncate_again_at.store(0, Ordering::Relaxed);
@@ -310,6 +330,25 @@ impl DatabaseShare {
     /// Records that a worker marked a batch published at `at`.
     pub fn record_published(&self, at: i64) {
         self.last_published_at.fetch_max(at, Ordering::Relaxed);
+    }
+
+    /// Adds what a committed relay transaction did to the database's counters.
+    pub fn count(&self, counts: Counts) {
+        self.published_total
+            .fetch_add(counts.published, Ordering::Relaxed);
+        self.failed_total
+            .fetch_add(counts.failed, Ordering::Relaxed);
+        self.dead_lettered_total
+            .fetch_add(counts.dead_lettered, Ordering::Relaxed);
+    }
+
+    /// The database's counters since the entry was taken.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            published: self.published_total.load(Ordering::Relaxed),
+            failed: self.failed_total.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered_total.load(Ordering::Relaxed),
+        }
     }
 
     /// When a worker of the database last marked a batch published, since the entry was taken.
@@ -765,6 +804,21 @@ mod tests {
         );
         assert_eq!(shared.truncate_looked_at(), 1_000);
         assert!(shared.claim_truncate_look(1_000, 1_100));
+    }
+
+    #[test]
+    fn counters_add_up_until_the_entry_is_taken_again() {
+        let shared = DatabaseShare::new();
+        let counts = |published, failed, dead_lettered| Counts {
+            published,
+            failed,
+            dead_lettered,
+        };
+        shared.count(counts(5, 1, 0));
+        shared.count(counts(2, 3, 1));
+        assert_eq!(shared.counts(), counts(7, 4, 1));
+        shared.reset(1);
+        assert_eq!(shared.counts(), Counts::default());
     }
 
     #[test]

@@ -66,6 +66,32 @@ fn _outbox_last_published_at() -> Option<TimestampWithTimeZone> {
     timestamp(shmem::shared()?.database(database)?.last_published_at())
 }
 
+/// The relay's counters for this database since the server started (since the database was
+/// last taken up by a worker): events published, failed attempts charged, events moved to
+/// `outbox_dead`. Always one row, of zeros without a relay; declared in `sql/outbox.sql`.
+#[pg_extern(sql = false)]
+fn _outbox_counters() -> TableIterator<
+    'static,
+    (
+        name!(published, i64),
+        name!(failed, i64),
+        name!(dead_lettered, i64),
+    ),
+> {
+    // SAFETY: reads this backend's database.
+    let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
+    let counts = shmem::shared()
+        .and_then(|shared| shared.database(database))
+        .map(|share| share.counts())
+        .unwrap_or_default();
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    TableIterator::once((
+        count(counts.published),
+        count(counts.failed),
+        count(counts.dead_lettered),
+    ))
+}
+
 /// The name of the database slot `slot` is assigned to, as `text` (declared so in
 /// `sql/outbox.sql`); NULL if none (or it was dropped). The name's bytes go out as they are, as
 /// `current_database()` gives them, which the views compare it with: they need not be UTF-8, so

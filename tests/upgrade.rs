@@ -330,3 +330,39 @@ fn an_upgrade_from_0_4_0_keeps_each_topics_order_over_two_workers() {
     );
     assert_eq!(published, expected, "the topic's events are out of order");
 }
+
+/// 0.7.0 only added a view for metrics exporters: a 0.7.0 library relays 0.6.0 objects without
+/// waiting for `ALTER EXTENSION outbox UPDATE`, and the update adds `outbox_metrics` while the
+/// relay goes on.
+#[test]
+fn objects_of_0_6_0_are_relayed_before_the_update() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.connect();
+    client
+        .batch_execute("CREATE EXTENSION outbox VERSION '0.6.0'")
+        .unwrap();
+    pg.wait_for_workers(1);
+    let before = enqueue_many(&mut client, "upgrade", 3);
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.ids("upgrade") == before),
+        "events of 0.6.0 objects were not published"
+    );
+    assert!(!pg.log().contains("run ALTER EXTENSION outbox UPDATE"));
+    assert!(client.query("SELECT * FROM outbox_metrics", &[]).is_err());
+
+    client
+        .batch_execute("ALTER EXTENSION outbox UPDATE")
+        .unwrap();
+    let after = enqueue_many(&mut client, "upgrade", 2);
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("upgrade") == 5),
+        "events enqueued after the update were not published"
+    );
+    assert_eq!(redis.ids("upgrade")[3..], after[..]);
+    let published: i64 = client
+        .query_one("SELECT published_total FROM outbox_metrics", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(published, 5);
+}

@@ -472,6 +472,8 @@ impl Relay {
         let mut exhausted = Vec::new();
         let mut released = None;
         let mut last_error = None;
+        // The events whose attempt was recorded (one gone from the table meanwhile was not).
+        let failures_charged = attempts.len() as u64;
         for failure in failures {
             let Some(&attempts) = attempts.get(&failure.id) else {
                 continue;
@@ -500,6 +502,8 @@ impl Relay {
             }
             last_error = Some(error);
         }
+        self.uncommitted.failed += failures_charged;
+        self.uncommitted.dead_lettered += exhausted.len() as u64;
         let mut unheld = false;
         if !exhausted.is_empty() {
             // While their rows are there to name their keys, and left out of what holds the

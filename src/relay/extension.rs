@@ -9,6 +9,10 @@ use pgrx::prelude::*;
 use super::claim::{self, Statements};
 use super::schema::Schema;
 
+/// The versions of the extension's objects this library's statements relay: its own, and the
+/// earlier ones whose updates since changed nothing the relay reads (0.7.0 added a view).
+const RELAYED_VERSIONS: [&str; 2] = ["0.6.0", env!("CARGO_PKG_VERSION")];
+
 /// How long the worker trusts its last look-up of the extension while it is relaying.
 const RECHECK: Duration = Duration::from_secs(1);
 
@@ -59,7 +63,7 @@ impl Extension {
         if self.statements.as_ref().map(|s| s.extension) != Some(oid) {
             self.statements = None;
             let (schema, version) = claim::extension_schema(oid)?;
-            if version != env!("CARGO_PKG_VERSION") {
+            if !RELAYED_VERSIONS.contains(&version.as_str()) {
                 // The library was upgraded and the SQL objects not yet: relaying resumes once
                 // ALTER EXTENSION brings them to the version this library's statements need.
                 if self.outdated_version.as_deref() != Some(version.as_str()) {

@@ -41,7 +41,7 @@ use pgrx::prelude::*;
 
 use crate::databases::Selection;
 use crate::gucs;
-use crate::shmem::{DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
+use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use extension::Extension;
 use publish::Publisher;
@@ -159,6 +159,8 @@ struct Relay {
     unflushed: Option<(u64, Instant)>,
     /// How far the WAL was last said to be on disk.
     flushed_told: u64,
+    /// Failed attempts and dead letters of the transaction under way, counted once it commits.
+    uncommitted: Counts,
 }
 
 impl Relay {
@@ -226,6 +228,7 @@ impl Relay {
             moved_full: false,
             unflushed: None,
             flushed_told: 0,
+            uncommitted: Counts::default(),
         }
     }
 
@@ -390,6 +393,13 @@ impl Relay {
             self.start.forget();
         }
         self.pacing.pass_ended(published);
+        let counts = std::mem::take(&mut self.uncommitted);
+        if end == End::Commit {
+            self.share.count(Counts {
+                published,
+                ..counts
+            });
+        }
         if published > 0 {
             let at = worker::now();
             self.slot.record_batch(published, at);
