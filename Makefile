@@ -1,10 +1,10 @@
 # The two commands of the README, and a few more for development.
 # PG=16 (or PG_CONFIG=/path/to/pg_config) picks one PostgreSQL; without either, `make test`
 # runs the whole suite on every major tested here (15, 16, 17 and 18).
-.PHONY: demo test test-matrix bench install lint
+.PHONY: demo test test-matrix bench install package lint
 
-demo:        ## Enqueue events on throwaway servers and watch them arrive in Redis
-	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/demo.sh
+demo:        ## Enqueue events on throwaway servers and watch them arrive in Redis (PACKAGE=1: from the .deb)
+	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" PACKAGE="$(PACKAGE)" scripts/demo.sh
 
 test:        ## Every test: lints, unit tests, integration tests against real servers
 	@if [ -n "$(PG)$(PG_CONFIG)" ]; then PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/test.sh; \
@@ -15,6 +15,12 @@ test-matrix: ## The whole suite on PostgreSQL 15, 16, 17 and 18, one after the o
 
 bench:       ## Write cost, relay throughput, latency; prints a Markdown table
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/bench.sh
+
+package:     ## Debian packages and tarballs in target/package/, for PG (or every tested major)
+	@if [ -n "$(PG)$(PG_CONFIG)" ]; then PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && \
+	  PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/package.sh; \
+	else for major in 15 16 17 18; do PG=$$major PG_CONFIG= scripts/setup.sh && \
+	  PG=$$major PG_CONFIG= scripts/package.sh || exit 1; done; fi
 
 install:     ## Build (release) and install into the chosen PostgreSQL
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh --release

@@ -656,6 +656,9 @@ fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn Fn(&str) ->
     if parts("keys-write") {
         keyed_write(pg, redis, report);
     }
+    if parts("keys-trace") {
+        traced_write(pg, redis, report);
+    }
     if parts("keys-workers") {
         keyed_workers(pg, redis, report);
     }
@@ -675,7 +678,6 @@ fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn Fn(&str) ->
 
 /// A keyed event with headers against a hand-written insert of the same columns, 8 clients.
 fn keyed_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
-    let mut admin = pg.connect();
     let business = "INSERT INTO accounts (email) VALUES ('ada@example.com');\n";
     let (payload, key) = ("'{\"account_id\": 7}'", "'account-7'");
     let headers =
@@ -687,9 +689,54 @@ fn keyed_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     let enqueue = format!(
         "BEGIN;\n{business}SELECT outbox_enqueue('account.created', {payload}, {key}, {headers});\nCOMMIT;\n"
     );
+    write_pairs(
+        pg,
+        redis,
+        report,
+        "+ outbox_enqueue with key and headers",
+        &hand,
+        &enqueue,
+    );
+}
+
+/// A keyed event whose traceparent comes from a sqlcommenter comment on the statement (issue
+/// #40), against a hand-written insert of the same columns with the headers written out.
+fn traced_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+    let business = "INSERT INTO accounts (email) VALUES ('ada@example.com');\n";
+    let (payload, key) = ("'{\"account_id\": 7}'", "'account-7'");
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let hand = format!(
+        "BEGIN;\n{business}INSERT INTO outbox (topic, payload, key, headers) \
+         VALUES ('account.created', {payload}, {key}, '{{\"traceparent\": \"{parent}\"}}');\nCOMMIT;\n"
+    );
+    let enqueue = format!(
+        "BEGIN;\n{business}SELECT outbox_enqueue('account.created', {payload}, {key}) \
+         /*db_driver='psycopg%3A3.2.3',framework='django%3A5.1',traceparent='{parent}'*/;\nCOMMIT;\n"
+    );
+    write_pairs(
+        pg,
+        redis,
+        report,
+        "+ outbox_enqueue with key, traceparent from a sqlcommenter comment",
+        &hand,
+        &enqueue,
+    );
+}
+
+/// Pairs of 8-client runs of `enqueue` and `hand` (the hand-written insert of the same
+/// columns), reported as `case`.
+fn write_pairs(
+    pg: &mut Pg,
+    redis: &Redis,
+    report: &mut Report,
+    case: &str,
+    hand: &str,
+    enqueue: &str,
+) {
+    let mut admin = pg.connect();
     let mut runs: HashMap<&str, Vec<WriteRun>> = HashMap::new();
     for rep in 0..WRITE_PAIRS {
-        let mut order = [("hand", &hand), ("enqueue", &enqueue)];
+        let mut order = [("hand", hand), ("enqueue", enqueue)];
         if rep % 2 == 1 {
             order.reverse();
         }
@@ -709,8 +756,9 @@ fn keyed_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     }
     let tps = tps_of(&runs);
     println!("  hand {:?}\n  enqueue {:?}", tps["hand"], tps["enqueue"]);
+    let row = format!("write, 8 clients: {case}");
     report.row(
-        "write, 8 clients: + outbox_enqueue with key and headers",
+        &row,
         format!("{:.0} tps", median(tps["enqueue"].clone())),
         format!(
             "{:.0} tps (hand-written insert of the same columns)",
@@ -721,20 +769,13 @@ fn keyed_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     );
     until_published_row(
         report,
-        "write, 8 clients: + outbox_enqueue with key and headers",
+        &row,
         &runs["enqueue"],
         &runs["hand"],
         "hand-written insert of the same columns",
     );
 
-    mixed_write_row(
-        pg,
-        &mut admin,
-        report,
-        "+ outbox_enqueue with key and headers",
-        &hand,
-        &enqueue,
-    );
+    mixed_write_row(pg, &mut admin, report, case, hand, enqueue);
 }
 
 /// The hand-written insert's transaction and the call's drawn at random in one run by one
@@ -1843,11 +1884,13 @@ fn main() {
     if wanted("databases") {
         idle_databases(&mut pg, &redis, &mut report);
     }
-    // keys-write, keys-workers, keys-held, keys-delayed and keys-spill run one case of it.
+    // keys-write, keys-trace, keys-workers, keys-held, keys-delayed and keys-spill run one
+    // case of it.
     let keys_parts = |part: &str| wanted("keys") || wanted(part);
     if [
         "keys",
         "keys-write",
+        "keys-trace",
         "keys-workers",
         "keys-held",
         "keys-delayed",

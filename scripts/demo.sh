@@ -8,7 +8,21 @@ source "$here/lib.sh"
 cd "$here/.."
 
 "$here/setup.sh"
-"$here/install.sh" --release
+if [ -n "${PACKAGE:-}" ]; then
+  # As a user without Rust would install it: the Debian package, into Debian's PostgreSQL.
+  [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ] \
+    || die "PACKAGE=1 installs into Debian's PostgreSQL $PG_MAJOR, not $PG_CONFIG"
+  deb="$("$here/package.sh" | tail -n 1)"
+  say "Installing $deb with dpkg -i (remove it with: dpkg -r postgresql-$PG_MAJOR-outbox)"
+  # Files a build installed are not the package's: dpkg would refuse to overwrite them.
+  if ! dpkg-query -W -f='${db:Status-Status}' "postgresql-$PG_MAJOR-outbox" 2>/dev/null | grep -q '^installed'; then
+    as_root rm -f "$("$PG_CONFIG" --pkglibdir)/outbox.so" "$("$PG_CONFIG" --sharedir)"/extension/outbox.control \
+      "$("$PG_CONFIG" --sharedir)"/extension/outbox--*.sql
+  fi
+  as_root dpkg -i "$deb" >/dev/null
+else
+  "$here/install.sh" --release
+fi
 
 bindir="$("$PG_CONFIG" --bindir)"
 work="$(mktemp -d /tmp/outbox-demo.XXXXXX)"

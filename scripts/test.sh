@@ -16,3 +16,15 @@ say "Linting for PostgreSQL $PG_MAJOR (cargo clippy -D warnings)"
 cargo clippy --all-targets "${CARGO_FEATURES[@]}" -- -D warnings
 say "Running unit and integration tests on PostgreSQL $PG_MAJOR (each integration test starts its own servers)"
 cargo test "${CARGO_FEATURES[@]}" -- --test-threads="${TEST_THREADS:-2}"
+
+# The Debian package, on Debian's own PostgreSQL: built, installed with dpkg -i where the build
+# above was installed (the test removes those files first), used, and removed with dpkg -r. The
+# debug build goes back in place afterwards.
+if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ] && is_root; then
+  deb="$("$here/package.sh" | tail -n 1)"
+  say "Installing $deb with dpkg, relaying an event, removing it with dpkg -r"
+  OUTBOX_TEST_PACKAGE="$PWD/$deb" cargo test "${CARGO_FEATURES[@]}" --test package -- --ignored
+  "$here/install.sh"
+elif [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
+  say "Not testing the Debian package: installing it with dpkg needs root"
+fi
