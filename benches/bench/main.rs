@@ -6,7 +6,7 @@
 //! extension is installed). It lives in `benches/` with `harness = false`, so `cargo test`
 //! does not build it.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;
