@@ -9,18 +9,25 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+mod drain;
+mod harness;
+mod load;
+mod pgbench;
+mod report;
+
 use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::process::{Command, Output};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::topology::Cluster;
-use common::{bindir, wait_until, Client, Pg, Redis};
+use common::{wait_until, Client, Pg, Redis};
+use drain::{alternating, drain_seconds, drain_seconds_in, events_per_second, BACKLOG, RELAY_REPS};
+use harness::{cpu_ticks, fresh_table, relay_databases, set_and_wait};
+use load::{latency_under_load, latency_under_load_with, XreadReply};
+use pgbench::{mixed_latencies, pgbench_at_rate, run_pgbench_counted};
+use report::{median, paired_ratio, paired_ratio_each, paired_ratio_spread, percentile, Report};
 
-/// Repetitions of the relay throughput cases, the noisiest figures.
-const RELAY_REPS: usize = 5;
 /// Runs of each write case: pgbench figures swing most between runs on a shared machine.
 const WRITE_REPS: usize = 7;
 /// Pairs of runs for the write cases with a target (`outbox_enqueue` against the hand-written
@@ -34,99 +41,8 @@ const PGBENCH_SECONDS: u32 = 6;
 /// random in one run.
 const MIXED_RUNS: usize = 3;
 const MIXED_SECONDS: u32 = 10;
-const BACKLOG: i64 = 200_000;
 /// The stream of the write cases' events (topic `account.created`, no stream prefix).
 const STREAM: &str = "account.created";
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
-}
-
-/// The median of the ratios `a[i] / b[i]` of runs made in the same repetition, next to each
-/// other: steadier on a shared machine than the ratio of the two medians, which may come from
-/// runs minutes apart.
-fn paired_ratio(a: &[f64], b: &[f64]) -> f64 {
-    median(pair_ratios(a, b))
-}
-
-/// The ratios `a[i] / b[i]` of runs made in the same repetition.
-fn pair_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
-    a.iter().zip(b).map(|(a, b)| a / b).collect()
-}
-
-/// [`pair_ratios`], lowest first.
-fn sorted_pair_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
-    let mut ratios = pair_ratios(a, b);
-    ratios.sort_by(|x, y| x.total_cmp(y));
-    ratios
-}
-
-/// The median of the paired ratios with their interquartile range and count, as the ratio
-/// column shows a targeted write case.
-fn paired_ratio_spread(a: &[f64], b: &[f64]) -> String {
-    let ratios = sorted_pair_ratios(a, b);
-    format!(
-        "{:.3} (middle half of the pairs {:.3} to {:.3}; {} pairs)",
-        median(ratios.clone()),
-        percentile(&ratios, 0.25),
-        percentile(&ratios, 0.75),
-        ratios.len()
-    )
-}
-
-/// The median of the paired ratios followed by every pair's, lowest first: for the relay cases,
-/// whose few pairs move by a tenth from one to the next on this machine.
-fn paired_ratio_each(a: &[f64], b: &[f64]) -> String {
-    let ratios = sorted_pair_ratios(a, b);
-    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
-    format!(
-        "{:.3} (the {} pairs: {})",
-        median(ratios.clone()),
-        ratios.len(),
-        each.join(", ")
-    )
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-struct Report {
-    rows: Vec<[String; 5]>,
-}
-
-impl Report {
-    fn row(&mut self, case: &str, figure: String, baseline: String, ratio: String, target: &str) {
-        println!("  {case}: {figure} | baseline {baseline} | {ratio} | {target}");
-        self.rows
-            .push([case.into(), figure, baseline, ratio, target.into()]);
-    }
-
-    fn markdown(&self) -> String {
-        let mut out = String::from(
-            "| case | figure | baseline | ratio | target |\n| --- | --- | --- | --- | --- |\n",
-        );
-        for r in &self.rows {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} |",
-                r[0], r[1], r[2], r[3], r[4]
-            );
-        }
-        out
-    }
-}
-
-/// Runs pgbench with `script` at `rate` transactions a second for `seconds`; returns its tps.
-fn pgbench_at_rate(pg: &Pg, script: &str, clients: u32, rate: u32, seconds: u32) -> f64 {
-    run_pgbench(
-        pg,
-        script,
-        clients,
-        &["-R", &rate.to_string(), "-T", &seconds.to_string()],
-    )
-}
 
 /// What one write run measured: pgbench's tps, and the transactions it ran over the time from
 /// its start until the relay had published every event they enqueued.
@@ -172,98 +88,6 @@ fn tps_of<'a>(runs: &HashMap<&'a str, Vec<WriteRun>>) -> HashMap<&'a str, Vec<f6
     runs.iter()
         .map(|(name, runs)| (*name, runs.iter().map(|r| r.tps).collect()))
         .collect()
-}
-
-/// Runs pgbench with `script`, `clients` clients and threads, and `options`; returns its tps.
-fn run_pgbench(pg: &Pg, script: &str, clients: u32, options: &[&str]) -> f64 {
-    run_pgbench_counted(pg, script, clients, options).0
-}
-
-/// Runs pgbench with `clients` clients and threads, prepared statements and `options` on the
-/// given scripts, each written to a file of its own; with several, every transaction is drawn
-/// from them at random with equal weights.
-fn pgbench_output(pg: &Pg, scripts: &[&str], clients: u32, options: &[&str]) -> Output {
-    let paths: Vec<std::path::PathBuf> = scripts
-        .iter()
-        .enumerate()
-        .map(|(n, script)| {
-            let path =
-                std::env::temp_dir().join(format!("outbox-bench-{}-{n}.sql", std::process::id()));
-            std::fs::write(&path, script).unwrap();
-            path
-        })
-        .collect();
-    let mut command = Command::new(bindir().join("pgbench"));
-    command
-        .args(pg.client_args())
-        .args(["-n", "-M", "prepared"])
-        .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
-        .args(options);
-    for path in &paths {
-        command.arg("-f").arg(format!("{}@1", path.display()));
-    }
-    let out = command
-        .arg("postgres")
-        .output()
-        .expect("cannot run pgbench");
-    for path in &paths {
-        let _ = std::fs::remove_file(path);
-    }
-    out
-}
-
-/// [`run_pgbench`], also returning the number of transactions it ran.
-fn run_pgbench_counted(pg: &Pg, script: &str, clients: u32, options: &[&str]) -> (f64, u64) {
-    let out = pgbench_output(pg, &[script], clients, options);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let field = |prefix: &str, nth: usize| {
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.split_whitespace().nth(nth))
-            .map(str::to_owned)
-    };
-    let tps = field("tps = ", 2).and_then(|v| v.parse().ok());
-    let transactions = field("number of transactions actually processed:", 5)
-        .and_then(|v| v.split('/').next().and_then(|n| n.parse().ok()));
-    match (tps, transactions) {
-        (Some(tps), Some(transactions)) => (tps, transactions),
-        _ => panic!(
-            "pgbench failed: {text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
-
-/// One pgbench run in which each transaction is drawn at random from `scripts`, with equal
-/// weights, so that every script meets the machine at the same moments: no drift between the
-/// runs of one and of another. Returns, per script, its transactions' average latency and each
-/// of its statements' average latency, in ms.
-fn mixed_latencies(pg: &Pg, scripts: &[&str], clients: u32, seconds: u32) -> Vec<(f64, Vec<f64>)> {
-    let out = pgbench_output(pg, scripts, clients, &["-r", "-T", &seconds.to_string()]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut per_script: Vec<(f64, Vec<f64>)> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("SQL script ") {
-            per_script.push((f64::NAN, Vec::new()));
-        } else if let Some(current) = per_script.last_mut() {
-            if let Some(rest) = line.strip_prefix(" - latency average = ") {
-                current.0 = rest.split_whitespace().next().unwrap().parse().unwrap();
-            } else if let Some(ms) = line
-                .split_whitespace()
-                .next()
-                .filter(|_| line.starts_with("  "))
-                .and_then(|first| first.parse::<f64>().ok())
-            {
-                current.1.push(ms);
-            }
-        }
-    }
-    assert!(
-        per_script.len() == scripts.len() && per_script.iter().all(|(tx, _)| tx.is_finite()),
-        "pgbench failed: {text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    per_script
 }
 
 fn write_cost(pg: &Pg, redis: &Redis, report: &mut Report) {
@@ -414,111 +238,6 @@ fn until_published_row(
     );
 }
 
-/// Empties the table and vacuums it, so that every run starts from the same state.
-fn fresh_table(client: &mut Client) {
-    client.batch_execute("TRUNCATE outbox").unwrap();
-    client.batch_execute("VACUUM ANALYZE outbox").unwrap();
-}
-
-/// Polls for the end of a drain every this often while it is far ...
-const POLL_FAR: Duration = Duration::from_millis(20);
-/// ... and every this often once it is near.
-const POLL_NEAR: Duration = Duration::from_millis(1);
-
-/// Waits until `stream` holds `n` entries and returns when it first saw them, within about a
-/// millisecond: it polls on one connection, every [`POLL_FAR`] while the rate seen so far puts
-/// the end far away, and every [`POLL_NEAR`] once it is near. Polling every 20 ms throughout
-/// added 10 ms on average to drains of under a second, which the in-server ceiling (timed by
-/// its statement's return) does not carry; polling every millisecond throughout would take CPU
-/// from the relay it times.
-fn until_stream_holds(redis: &Redis, stream: &str, n: usize) -> Instant {
-    let timeout = Duration::from_secs(600);
-    let mut conn = redis.conn();
-    let started = Instant::now();
-    loop {
-        let len: usize = redis::cmd("XLEN").arg(stream).query(&mut conn).unwrap();
-        let now = Instant::now();
-        if len >= n {
-            return now;
-        }
-        let elapsed = now.duration_since(started);
-        assert!(
-            elapsed < timeout,
-            "{stream} holds {len} of {n} entries after {timeout:?}"
-        );
-        let left = if len == 0 {
-            POLL_FAR
-        } else {
-            elapsed.mul_f64((n - len) as f64 / len as f64)
-        };
-        std::thread::sleep((left / 2).clamp(POLL_NEAR, POLL_FAR));
-    }
-}
-
-/// Commits `n` events in one transaction, then times until the stream holds them all. With
-/// `fresh`, the table is emptied first; without, whatever history it holds stays.
-fn drain_seconds(pg: &Pg, redis: &Redis, stream: &str, n: i64, fresh: bool) -> f64 {
-    drain_seconds_in(pg, redis, "postgres", stream, n, fresh)
-}
-
-/// [`drain_seconds`] in the database `db`.
-fn drain_seconds_in(pg: &Pg, redis: &Redis, db: &str, stream: &str, n: i64, fresh: bool) -> f64 {
-    let mut client = pg.connect_to(db);
-    if fresh {
-        fresh_table(&mut client);
-    }
-    client
-        .batch_execute("SET outbox.notify_channel = ''")
-        .unwrap();
-    client
-        .execute(
-            "SELECT outbox_enqueue($1, jsonb_build_object('account_id', g, 'email', 'user' || g || '@example.com')) \
-             FROM generate_series(1::bigint, $2) g",
-            &[&stream, &n],
-        )
-        .unwrap();
-    let committed = Instant::now();
-    let took = until_stream_holds(redis, stream, n as usize)
-        .duration_since(committed)
-        .as_secs_f64();
-    let _ = redis::cmd("DEL")
-        .arg(stream)
-        .query::<i64>(&mut redis.conn());
-    let pending = |client: &mut Client| -> i64 {
-        client
-            .query_one(
-                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-                &[],
-            )
-            .unwrap()
-            .get(0)
-    };
-    assert!(wait_until(Duration::from_secs(60), || pending(&mut client) == 0));
-    took
-}
-
-/// Runs `run` for each of two sides `RELAY_REPS` times, the sides taking turns at going first;
-/// returns each side's figures.
-fn alternating(
-    sides: [&'static str; 2],
-    mut run: impl FnMut(&'static str) -> f64,
-) -> HashMap<&'static str, Vec<f64>> {
-    let mut runs: HashMap<&str, Vec<f64>> = HashMap::new();
-    for rep in 0..RELAY_REPS {
-        let [first, second] = sides;
-        let order = if rep % 2 == 0 {
-            [first, second]
-        } else {
-            [second, first]
-        };
-        for side in order {
-            let figure = run(side);
-            runs.entry(side).or_default().push(figure);
-        }
-    }
-    runs
-}
-
 /// Commits `n` events spread over `topics` topics in one transaction, then times until the
 /// relay has marked them all.
 fn drain_spread_seconds(pg: &Pg, n: i64, topics: i64) -> f64 {
@@ -590,16 +309,6 @@ fn cluster_relay(pg: &mut Pg, redis: &Redis, report: &mut Report) {
             ("outbox.redis_mode", "standalone"),
         ],
         &["redis_mode=standalone "],
-    );
-}
-
-/// Sets `outbox.database` to `list` and waits until the launcher runs `workers` workers.
-fn relay_databases(pg: &mut Pg, list: &str, workers: usize) {
-    pg.set(&[("outbox.database", list)]);
-    assert!(
-        wait_until(Duration::from_secs(30), || pg.worker_pids().len()
-            == workers),
-        "the launcher did not settle on {workers} workers"
     );
 }
 
@@ -823,20 +532,6 @@ fn mixed_write_row(
     );
 }
 
-/// Commits the `n` events `enqueue` writes (`$1` is `n`) in one transaction, then times until
-/// `stream` holds them all; returns events a second.
-fn events_per_second(pg: &Pg, redis: &Redis, stream: &str, enqueue: &str, n: i64) -> f64 {
-    pg.connect().execute(enqueue, &[&n]).unwrap();
-    let committed = Instant::now();
-    let took = until_stream_holds(redis, stream, n as usize)
-        .duration_since(committed)
-        .as_secs_f64();
-    let _ = redis::cmd("DEL")
-        .arg(stream)
-        .query::<i64>(&mut redis.conn());
-    n as f64 / took
-}
-
 /// Two workers beside one: 100,000 events over 200 keys, batch 1000, dedupe on.
 fn keyed_workers(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     let n = BACKLOG / 2;
@@ -1035,19 +730,6 @@ fn beside_delayed(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     );
 }
 
-/// Changes settings and waits until the worker's latest configuration line shows `expect`.
-fn set_and_wait(pg: &mut Pg, settings: &[(&str, &str)], expect: &[&str]) {
-    pg.set(settings);
-    let applied = wait_until(Duration::from_secs(10), || {
-        let log = pg.log();
-        let last = log.lines().rev().find(|l| {
-            l.contains("outbox relay 0 started") || l.contains("outbox relay 0 reloaded")
-        });
-        last.is_some_and(|line| expect.iter().all(|e| line.contains(e)))
-    });
-    assert!(applied, "the worker did not take {settings:?}");
-}
-
 /// The database side alone: claim and mark the same rows in batches of the same size, one
 /// transaction per batch, in the server, with no Redis in between.
 fn ceiling_seconds(client: &mut Client, n: i64, batch: i64) -> f64 {
@@ -1139,21 +821,6 @@ fn proc_status_kb(pid: i32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after_name = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of /proc/pid/stat, 12 and 13 after the name.
-    fields
-        .get(11)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-}
-
 /// Peak private resident memory of the worker while it drains `n` events.
 fn peak_rss_during_drain(pg: &Pg, redis: &Redis, n: i64) -> u64 {
     let pid = worker_pid(pg);
@@ -1241,95 +908,6 @@ fn relay_throughput(pg: &mut Pg, redis: &Redis, report: &mut Report) {
             ">= 0.75 (within 25%)",
         );
     }
-}
-
-/// XREAD's answer: per stream, its entries as (entry id, flat field/value list).
-type XreadReply = Vec<(String, Vec<(String, Vec<String>)>)>;
-
-/// Latency under a steady load: 4 pgbench clients enqueue `rate` events a second for
-/// `seconds`, each payload carrying the time its statement started; an `XREAD` reader notes
-/// when each entry arrives. Returns the latencies in milliseconds, sorted, and how many
-/// events were enqueued.
-fn latency_under_load(pg: &Pg, redis: &Redis, rate: u32, seconds: u32) -> (Vec<f64>, usize) {
-    latency_under_load_with(pg, redis, rate, seconds, None)
-}
-
-/// [`latency_under_load`], each event with the key `key` (an SQL expression) when given.
-fn latency_under_load_with(
-    pg: &Pg,
-    redis: &Redis,
-    rate: u32,
-    seconds: u32,
-    key: Option<&str>,
-) -> (Vec<f64>, usize) {
-    let url = redis.url();
-    let stream = format!("load{rate}");
-    let (ready_tx, ready_rx) = mpsc::channel::<()>();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let reader = {
-        let stream = stream.clone();
-        thread::spawn(move || {
-            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-            let mut ms = Vec::new();
-            let mut last = "$".to_string();
-            let _ = ready_tx.send(());
-            loop {
-                let reply: Option<XreadReply> = redis::cmd("XREAD")
-                    .arg("BLOCK")
-                    .arg(1_000)
-                    .arg("STREAMS")
-                    .arg(&stream)
-                    .arg(&last)
-                    .query(&mut conn)
-                    .unwrap();
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_micros() as f64;
-                let Some(streams) = reply else {
-                    if stop_rx.try_recv().is_ok() {
-                        break;
-                    }
-                    continue;
-                };
-                for (_, entries) in streams {
-                    for (entry_id, fields) in entries {
-                        let payload = fields
-                            .chunks(2)
-                            .find(|kv| kv[0] == "payload")
-                            .map(|kv| kv[1].clone())
-                            .unwrap();
-                        let value: serde_json::Value = serde_json::from_str(&payload).unwrap();
-                        let started = value["t"].as_f64().unwrap();
-                        ms.push((now - started) / 1000.0);
-                        last = entry_id;
-                    }
-                }
-            }
-            ms
-        })
-    };
-    ready_rx.recv().unwrap();
-    let key = key.map_or(String::new(), |key| format!(", key => {key}"));
-    let script = format!(
-        "SELECT outbox_enqueue('{stream}', jsonb_build_object('t', \
-         (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 'account_id', 7){key});\n"
-    );
-    let tps = pgbench_at_rate(pg, &script, 4, rate, seconds);
-    assert!(
-        wait_until(Duration::from_secs(60), || redis.xlen(&stream) as f64
-            >= tps * f64::from(seconds) * 0.99),
-        "the load's events did not all arrive"
-    );
-    thread::sleep(Duration::from_millis(1_500));
-    let _ = stop_tx.send(());
-    let mut ms = reader.join().unwrap();
-    ms.sort_by(|a, b| a.total_cmp(b));
-    let enqueued = redis.xlen(&stream);
-    let _ = redis::cmd("DEL")
-        .arg(&stream)
-        .query::<i64>(&mut redis.conn());
-    (ms, enqueued)
 }
 
 fn latency_at_5000(pg: &Pg, redis: &Redis, report: &mut Report) {
