@@ -17,10 +17,10 @@ use spill::beside_held_backlog;
 use workers::keyed_workers;
 use write::{keyed_write, traced_write};
 
-/// Keys, headers and delayed delivery (issue #16): the write cost of a keyed event with headers,
-/// the drain with two workers beside one, the latency of 199 keys beside one held back by a
-/// rejected event, and a drain beside a million delayed events; and the latency of a healthy
-/// topic beside 20,000 held events of a rejected one (issue #37).
+/// Keys, headers and delayed delivery: the write cost of a keyed event with headers, the drain
+/// with two workers beside one, the latency of 199 keys beside one held back by a rejected
+/// event, and a drain beside a million delayed events; and the latency of a healthy topic beside
+/// 20,000 held events of a rejected one.
 pub(crate) fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn Fn(&str) -> bool) {
     println!("9. keys, headers and delayed delivery");
     pg.connect()

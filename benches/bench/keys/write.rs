@@ -36,8 +36,8 @@ pub(crate) fn keyed_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     );
 }
 
-/// A keyed event whose traceparent comes from a sqlcommenter comment on the statement (issue
-/// #40), against a hand-written insert of the same columns with the headers written out.
+/// A keyed event whose traceparent comes from a sqlcommenter comment on the statement, against
+/// a hand-written insert of the same columns with the headers written out.
 pub(crate) fn traced_write(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     let business = "INSERT INTO accounts (email) VALUES ('ada@example.com');\n";
     let (payload, key) = ("'{\"account_id\": 7}'", "'account-7'");
