@@ -8,10 +8,9 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use outbox_redis::redis_url;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::pg_sys;
-
-use crate::redis_url;
 
 /// Most relay workers one server can run; sizes the shared-memory slot array.
 pub const MAX_WORKERS: i32 = 32;

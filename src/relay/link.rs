@@ -17,10 +17,10 @@ use redis::{
     ServerError, TlsCertificates, TlsMode, Value,
 };
 
-use super::password_file;
+use outbox_redis::{password_file, redis_url};
+
 use super::publish::{Target, TlsFiles};
 use crate::gucs::RedisMode;
-use crate::redis_url;
 
 /// An open link to Redis.
 pub enum Link {

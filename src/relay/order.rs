@@ -17,7 +17,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::encode::{Event, Ordering};
+use outbox_redis::encode::{Event, Ordering};
+
 use super::pipeline::Outcome;
 
 #[derive(Debug, Default)]
@@ -106,7 +107,7 @@ impl OneByOne {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::encode::sample_event;
+    use outbox_redis::encode::sample_event;
 
     fn event(id: i64, topic: &str, key: Option<&str>) -> Event {
         Event {

@@ -10,12 +10,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use std::collections::BTreeSet;
 
+use outbox_redis::encode::{
+    group_by_stream, key_slot, marker_key, marker_period, rfc3339, shard_runs, Event,
+};
 use redis::{Cmd, Value};
 
 use super::connection::Failed;
-use super::encode::{
-    group_by_stream, key_slot, marker_key, marker_period, rfc3339, shard_runs, Event,
-};
 use super::publish::{Markers, Target};
 
 pub const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
@@ -235,7 +235,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
         }
     } else {
         for (index, event) in chunk.events.iter().enumerate() {
-            let stream = super::encode::stream_key(&target.stream_prefix, &event.topic);
+            let stream = outbox_redis::encode::stream_key(&target.stream_prefix, &event.topic);
             if waits {
                 layout.slots.insert(key_slot(stream.as_bytes()));
             }
@@ -356,7 +356,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::encode::sample_event as event;
+    use outbox_redis::encode::sample_event as event;
     use std::time::Duration;
 
     fn reply(resp: &[u8]) -> Value {

@@ -14,8 +14,9 @@
 use std::thread;
 use std::time::Duration;
 
+use outbox_redis::encode::Event;
+
 use super::connection::{self, Connection};
-use super::encode::Event;
 use super::mailbox::{self, Receiver, RecvTimeoutError, Sender};
 use super::pipeline::{Chunk, Outcome};
 use crate::gucs::RedisMode;
