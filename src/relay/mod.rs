@@ -11,17 +11,12 @@
 pub mod backoff;
 mod batch;
 mod claim;
-mod connection;
 mod cursor;
 mod extension;
 mod hold;
 pub mod launcher;
-mod link;
-mod mailbox;
 mod order;
-mod pipeline;
 mod prune;
-pub mod publish;
 mod retry;
 mod rows;
 mod schema;
@@ -33,6 +28,7 @@ mod worker;
 
 use std::time::{Duration, Instant};
 
+use outbox_redis::publish::Publisher;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -42,7 +38,6 @@ use crate::gucs;
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use extension::Extension;
-use publish::Publisher;
 use retry::RetrySchedule;
 use settings::Settings;
 use worker::{in_transaction, End};
