@@ -6,7 +6,8 @@
 //! publish. A crash before the commit publishes the batch again instead of losing it (and with
 //! `outbox.dedupe` the markers in Redis absorb the repeat). Failures are logged when the
 //! worker's situation changes, never once per retry. This file holds the loop; `batch.rs` one
-//! pass's transaction, `worker.rs` the process's plumbing, `publish.rs` the Redis thread.
+//! pass's transaction, `worker.rs` the process's plumbing; the Redis thread is the outbox-redis
+//! crate's `publish.rs`.
 
 pub mod backoff;
 mod batch;
