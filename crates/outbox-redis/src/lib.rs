@@ -18,7 +18,6 @@
 mod connection;
 pub mod encode;
 mod link;
-mod mailbox;
 mod one_by_one;
 pub mod outcome;
 mod password_file;

@@ -14,9 +14,10 @@
 use std::thread;
 use std::time::Duration;
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
 use crate::connection::{self, Connection};
 use crate::encode::Event;
-use crate::mailbox::{self, Receiver, RecvTimeoutError, Sender};
 use crate::outcome::{Markers, Outcome};
 use crate::pipeline::Chunk;
 use crate::target::Target;
@@ -62,8 +63,8 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn spawn(target: Target) -> Publisher {
-        let (commands, incoming) = mailbox::channel::<Command>();
-        let (outgoing, replies) = mailbox::channel::<Reply>();
+        let (commands, incoming) = crossbeam_channel::unbounded::<Command>();
+        let (outgoing, replies) = crossbeam_channel::unbounded::<Reply>();
         // The thread is born with every signal blocked (a thread inherits its creator's mask):
         // blocking them only once it runs left a moment in which a SIGTERM could land there,
         // and PostgreSQL's handler may only run on the main thread.
@@ -160,7 +161,7 @@ impl RedisSide {
         block_signals();
         loop {
             let command = if self.committed.is_empty() || self.cleanup_failed {
-                incoming.recv().ok_or(RecvTimeoutError::Disconnected)
+                incoming.recv().map_err(|_| RecvTimeoutError::Disconnected)
             } else {
                 incoming.recv_timeout(CLEANUP_AFTER)
             };
