@@ -5,14 +5,11 @@ mod common;
 
 use std::time::Duration;
 
+use common::sql::count;
 use common::{notifications, sqlstate, Client, Pg};
 
 fn server() -> Pg {
     Pg::start(&[("outbox.workers", "0")])
-}
-
-fn count(client: &mut Client, sql: &str) -> i64 {
-    client.query_one(sql, &[]).unwrap().get(0)
 }
 
 /// [`count`] with sequential and bitmap scans off, so that the rows are found through an index.

@@ -6,20 +6,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use common::redis_keys::poison;
+use common::sql::one;
 use common::{enqueue_many, password_file, sqlstate, wait_until, Client, Pg, Redis};
-
-fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
-    client.query_one(sql, &[]).unwrap().get(0)
-}
-
-fn poison(redis: &Redis, key: &str) {
-    redis::cmd("HSET")
-        .arg(key)
-        .arg("f")
-        .arg("v")
-        .query::<i64>(&mut redis.conn())
-        .unwrap();
-}
 
 #[test]
 fn pruning_keeps_pending_rows_and_the_table_flat() {
