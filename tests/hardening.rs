@@ -1,183 +1,19 @@
-//! Hardening, what is left of it while it is split by concern: the relay against a Redis user with
-//! few rights, an absent synchronous standby, masses of rejected events, an event Redis can never
-//! take, pruning after a redrive, changes to the table, and PostgreSQL's errors through the utility
-//! hook.
+//! Hardening, what is left of it while it is split by concern: the relay against an absent
+//! synchronous standby, masses of rejected events, an event Redis can never take, pruning after a
+//! redrive, changes to the table, and PostgreSQL's errors through the utility hook.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::redis_keys::{keys, poison, unpoison};
+use common::redis_keys::{poison, unpoison};
 use common::sql::{one, worker_state};
-use common::{enqueue_many, password_file, wait_until, Pg, Redis};
+use common::{enqueue_many, wait_until, Pg, Redis};
 
 /// The value at or below which a share `p` of the sorted `values` fall (nearest rank).
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-// ---------------------------------------------------------------------------------------------
-// 6: a Redis user limited to the stream prefix, without scripting
-// ---------------------------------------------------------------------------------------------
-
-/// A Redis user that may not run scripts cannot publish with `outbox.dedupe = on`: that is a
-/// fault of the configuration, not of the events, and must not use up their attempts (which
-/// would bury the whole backlog); the worker backs off saying why, and once the user may run
-/// scripts the events go out, with the markers kept under the stream prefix the user is
-/// limited to.
-#[test]
-fn a_redis_user_without_scripting_holds_events_back_uncharged() {
-    let redis = Redis::start();
-    redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("relay")
-        .arg("on")
-        .arg(">pw")
-        .arg("~app:*")
-        .arg("+@all")
-        .arg("-@scripting")
-        .query::<()>(&mut redis.conn())
-        .unwrap();
-    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
-    let file = password_file("pw");
-    let mut pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.redis_password_file", file.as_str()),
-        ("outbox.stream_prefix", "app:"),
-        ("outbox.dedupe", "off"),
-        ("outbox.poll_interval", "100ms"),
-    ]);
-    let mut client = pg.with_extension();
-    pg.wait_for_workers(1);
-    let first = enqueue_many(&mut client, "orders", 10);
-    assert!(
-        wait_until(Duration::from_secs(20), || redis.xlen("app:orders") == 10),
-        "without dedupe the user's rights suffice, yet the events were not published"
-    );
-    assert_eq!(redis.ids("app:orders"), first);
-
-    pg.set(&[("outbox.dedupe", "on")]);
-    assert!(
-        wait_until(Duration::from_secs(20), || pg
-            .log()
-            .lines()
-            .any(|l| l.contains("reloaded") && l.contains("dedupe=on"))),
-        "the worker did not reload dedupe=on"
-    );
-    let second = enqueue_many(&mut client, "orders", 10);
-    assert!(
-        wait_until(Duration::from_secs(20), || worker_state(&pg, "postgres").0
-            == "backoff"),
-        "the worker did not back off: {:?}",
-        worker_state(&pg, "postgres")
-    );
-    std::thread::sleep(Duration::from_secs(3));
-    // A retry may be under way at any moment: the state settles back to backoff.
-    assert!(
-        wait_until(Duration::from_secs(10), || worker_state(&pg, "postgres").0
-            == "backoff"),
-        "the worker left backoff: {:?}",
-        worker_state(&pg, "postgres")
-    );
-    let error = worker_state(&pg, "postgres").1.unwrap_or_default();
-    assert!(error.contains("NOPERM"), "last_error: {error}");
-    let held: i64 = client
-        .query_one(
-            "SELECT count(*) FROM outbox WHERE id = ANY($1) AND published_at IS NULL AND attempts = 0",
-            &[&second],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(held, 10, "events were charged for the Redis user's rights");
-    assert_eq!(
-        one::<i64>(&mut client, "SELECT count(*) FROM outbox_dead"),
-        0
-    );
-    assert_eq!(redis.xlen("app:orders"), 10);
-
-    redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("relay")
-        .arg("+@scripting")
-        .query::<()>(&mut redis.conn())
-        .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(30), || redis.xlen("app:orders") == 20),
-        "the events did not go out once the user could run scripts: {:?}",
-        worker_state(&pg, "postgres")
-    );
-    let mut expected = first;
-    expected.extend(second);
-    assert_eq!(redis.ids("app:orders"), expected);
-    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
-    assert_eq!(
-        one::<i64>(&mut client, "SELECT count(*) FROM outbox_dead"),
-        0
-    );
-}
-
-/// The least a Redis user needs, as the README's "Redis users" section lists it, limited to the
-/// stream prefix: events go out with dedupe on (script, markers and their clean-up) and off,
-/// and the worker never meets a refusal.
-#[test]
-fn the_readme_minimal_redis_user_publishes_with_and_without_dedupe() {
-    let redis = Redis::start();
-    let rules = "on >pw ~app:* +ping +hello +auth +select +xadd +evalsha +script|load +hdel \
-                 +hgetall +hset +pexpireat";
-    let mut acl = redis::cmd("ACL");
-    acl.arg("SETUSER").arg("relay");
-    for rule in rules.split_whitespace() {
-        acl.arg(rule);
-    }
-    acl.query::<()>(&mut redis.conn()).unwrap();
-    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
-    let file = password_file("pw");
-    let mut pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.redis_password_file", file.as_str()),
-        ("outbox.stream_prefix", "app:"),
-        ("outbox.poll_interval", "100ms"),
-    ]);
-    let mut client = pg.with_extension();
-    pg.wait_for_workers(1);
-    let mut expected = enqueue_many(&mut client, "orders", 150);
-    assert!(
-        wait_until(Duration::from_secs(20), || redis.xlen("app:orders") == 150),
-        "with dedupe on, the minimal user's events were not published: {:?}",
-        worker_state(&pg, "postgres")
-    );
-    // The next round trip deletes the markers of the committed batches.
-    expected.extend(enqueue_many(&mut client, "orders", 1));
-    assert!(wait_until(Duration::from_secs(20), || redis
-        .xlen("app:orders")
-        == 151));
-    assert!(
-        wait_until(Duration::from_secs(10), || keys(
-            &redis,
-            "app:outbox:dedupe:*"
-        )
-        .len()
-            <= 1),
-        "markers were not cleaned up: {:?}",
-        keys(&redis, "*outbox:dedupe:*")
-    );
-    pg.set(&[("outbox.dedupe", "off")]);
-    assert!(wait_until(Duration::from_secs(20), || pg
-        .log()
-        .lines()
-        .any(|l| l.contains("reloaded") && l.contains("dedupe=off"))));
-    expected.extend(enqueue_many(&mut client, "orders", 10));
-    assert!(
-        wait_until(Duration::from_secs(20), || redis.xlen("app:orders") == 161),
-        "with dedupe off, the minimal user's events were not published"
-    );
-    assert_eq!(redis.ids("app:orders"), expected);
-    assert!(!pg.log().contains("NOPERM"), "the worker met a refusal");
-    assert_eq!(
-        one::<i64>(&mut client, "SELECT count(*) FROM outbox_dead"),
-        0
-    );
 }
 
 // ---------------------------------------------------------------------------------------------
