@@ -9,7 +9,6 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::sql::count;
 use common::{enqueue_many, wait_until, Pg, Redis};
 
 // ---------------------------------------------------------------------------------------------
@@ -387,67 +386,4 @@ fn a_standby_waits_and_publishes_after_promotion() {
     );
     assert_eq!(redis.ids("replicated"), ids);
     assert!(standby.log().contains("relaying starts on promotion"));
-}
-
-/// Held events go out in their order once nothing is before them in their key, even when the
-/// rejected events they waited for are deleted by hand (no publication or burial by the relay
-/// releases them then: the worker's look once per poll interval finds them).
-#[test]
-fn held_events_follow_in_order_once_their_rejected_ones_are_deleted_by_hand() {
-    const BACKLOG: i64 = 300;
-    let redis = Redis::start();
-    let pg = Pg::relaying_to(
-        &redis,
-        &[
-            ("outbox.batch_size", "100"),
-            ("outbox.poll_interval", "100ms"),
-            ("outbox.max_attempts", "1000"),
-        ],
-    );
-    let mut client = pg.with_extension();
-    pg.wait_for_workers(1);
-    redis.query::<()>(redis::cmd("SET").arg("bad").arg("x"));
-    let ids = enqueue_many(&mut client, "bad", BACKLOG);
-    assert!(
-        wait_until(Duration::from_secs(30), || count(
-            &mut client,
-            "SELECT count(*) FROM outbox \
-             WHERE topic = 'bad' AND published_at IS NULL AND next_attempt_at IS NULL"
-        ) == 0),
-        "the events behind the rejected ones were not held"
-    );
-    // Their key's later events wait, and a healthy topic flows meanwhile.
-    let good = enqueue_many(&mut client, "good", 10);
-    assert!(wait_until(Duration::from_secs(10), || redis.xlen("good") == 10));
-    assert_eq!(redis.ids("good"), good);
-
-    let deleted: Vec<i64> = client
-        .query(
-            "DELETE FROM outbox WHERE topic = 'bad' AND attempts > 0 RETURNING id",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    assert!(!deleted.is_empty(), "no rejected event to delete");
-    redis.query::<()>(redis::cmd("DEL").arg("bad"));
-    let left: Vec<i64> = ids.into_iter().filter(|id| !deleted.contains(id)).collect();
-    assert!(
-        wait_until(Duration::from_secs(30), || redis.xlen("bad") == left.len()),
-        "{} of the {} held events went out after their rejected ones were deleted",
-        redis.xlen("bad"),
-        left.len()
-    );
-    assert_eq!(
-        redis.ids("bad"),
-        left,
-        "the held events went out out of order"
-    );
-    // Marked once Redis has answered.
-    assert!(wait_until(Duration::from_secs(10), || count(
-        &mut client,
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL"
-    ) == 0));
-    assert_eq!(count(&mut client, "SELECT count(*) FROM outbox_dead"), 0);
 }
