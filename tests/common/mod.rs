@@ -683,6 +683,12 @@ impl Drop for Pg {
     }
 }
 
+/// A server whose relay is off (`outbox.workers = 0`), so that rows stay where the test puts
+/// them.
+pub fn server() -> Pg {
+    Pg::start(&[("outbox.workers", "0")])
+}
+
 /// Enqueues `n` events on `topic` in one transaction; returns their ids.
 pub fn enqueue_many(client: &mut Client, topic: &str, n: i64) -> Vec<i64> {
     client
