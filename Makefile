@@ -25,5 +25,5 @@ package:     ## Debian packages and tarballs in target/package/, for PG (or ever
 install:     ## Build (release) and install into the chosen PostgreSQL
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh --release
 
-lint:
-	cargo fmt --all -- --check && cargo clippy --all-targets -- -D warnings
+lint:        ## Formatting and clippy over the workspace: the extension and crates/
+	cargo fmt --all -- --check && cargo clippy --workspace --all-targets -- -D warnings

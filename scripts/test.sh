@@ -13,7 +13,9 @@ cd "$here/.."
 say "Checking formatting (cargo fmt --check)"
 cargo fmt --all -- --check
 say "Linting for PostgreSQL $PG_MAJOR (cargo clippy -D warnings)"
-cargo clippy --all-targets "${CARGO_FEATURES[@]}" -- -D warnings
+cargo clippy --workspace --all-targets "${CARGO_FEATURES[@]}" -- -D warnings
+say "Running the Redis side's tests, without PostgreSQL (each starts its own redis-server)"
+cargo test -p outbox-redis -- --test-threads="${TEST_THREADS:-2}"
 say "Running unit and integration tests on PostgreSQL $PG_MAJOR (each integration test starts its own servers)"
 cargo test "${CARGO_FEATURES[@]}" -- --test-threads="${TEST_THREADS:-2}"
 

@@ -8,10 +8,10 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use outbox_redis::redis_url;
+use outbox_redis::target::Mode;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::pg_sys;
-
-use crate::redis_url;
 
 /// Most relay workers one server can run; sizes the shared-memory slot array.
 pub const MAX_WORKERS: i32 = 32;
@@ -74,9 +74,10 @@ static DEDUPE: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Lifetime, in seconds, of a dedupe marker left behind by a crash.
 static DEDUPE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 3600);
 
-/// What `outbox.redis_url` names.
+/// What `outbox.redis_url` names: the setting's values, which [`redis_mode`] maps to the Redis
+/// side's own [`Mode`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
-pub enum RedisMode {
+enum RedisMode {
     /// One server (a primary), reached at the one URL.
     #[name = c"standalone"]
     Standalone,
@@ -369,8 +370,12 @@ pub fn redis_url() -> String {
     string(&REDIS_URL)
 }
 
-pub fn redis_mode() -> RedisMode {
-    REDIS_MODE.get()
+pub fn redis_mode() -> Mode {
+    match REDIS_MODE.get() {
+        RedisMode::Standalone => Mode::Standalone,
+        RedisMode::Cluster => Mode::Cluster,
+        RedisMode::Sentinel => Mode::Sentinel,
+    }
 }
 
 pub fn redis_sentinel_master() -> String {

@@ -15,7 +15,6 @@ mod enqueue;
 mod gucs;
 mod insert;
 mod lane;
-mod redis_url;
 mod relay;
 mod ring;
 mod shmem;

@@ -1,7 +1,8 @@
 //! Several databases on one server: a launcher keeps workers in each database `outbox.database`
 //! names (or in every one with the extension, with `*`), into streams the `{database}` prefix
 //! keeps apart; databases join without a restart, and `DROP DATABASE` and a rename work without
-//! `WITH (FORCE)`.
+//! `WITH (FORCE)`. The utility hook that sees to the last leaves PostgreSQL's own errors as
+//! they are.
 
 mod common;
 
@@ -295,4 +296,46 @@ fn every_database_with_the_extension_is_relayed_and_a_crash_stops_only_its_own_w
         .xlen("shop:orders")
         == 105));
     assert_eq!(redis.ids("shop:orders")[100..], more[..]);
+}
+
+/// Every utility statement of the server runs through the extension's hook. An error
+/// PostgreSQL raises there must reach the client as PostgreSQL raised it: run under pgrx's
+/// guard, it came back as an error of pgrx's, without its position and, with `RUST_BACKTRACE`
+/// in the server's environment, with a Rust backtrace in its DETAIL.
+#[test]
+fn postgres_errors_in_utility_statements_reach_the_client_unchanged() {
+    let pg = Pg::start(&[("outbox.workers", "0")]);
+    pg.restart_with_env(&[("RUST_BACKTRACE", "1")]);
+    let mut client = pg.connect();
+
+    let error = client
+        .batch_execute("GRANT EXECUTE ON FUNCTION no_such_fn() TO PUBLIC")
+        .unwrap_err();
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "42883", "{db:?}");
+    assert_eq!(db.message(), "function no_such_fn() does not exist");
+    assert_eq!(
+        db.detail(),
+        None,
+        "PostgreSQL's error has no DETAIL: {db:?}"
+    );
+
+    let error = client
+        .batch_execute("CREATE TABLE t (a no_such_type)")
+        .unwrap_err();
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "42704", "{db:?}");
+    assert_eq!(db.message(), "type \"no_such_type\" does not exist");
+    assert_eq!(
+        db.detail(),
+        None,
+        "PostgreSQL's error has no DETAIL: {db:?}"
+    );
+    assert!(
+        matches!(
+            db.position(),
+            Some(postgres::error::ErrorPosition::Original(_))
+        ),
+        "the error lost its position in the statement: {db:?}"
+    );
 }

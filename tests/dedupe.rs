@@ -405,7 +405,7 @@ fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
 fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
     let redis = Redis::start();
     let mut conn = redis.conn();
-    let script = include_str!("../src/relay/dedupe.lua");
+    let script = include_str!("../crates/outbox-redis/src/dedupe.lua");
     let (current, previous) = ("m:2:0:s", "m:1:0:s");
     let stamp = "2026-11-30T00:00:00.000000Z";
     let other = "2026-11-29T00:00:00.000000Z";

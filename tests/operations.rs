@@ -1,25 +1,14 @@
-//! Operating the outbox against real servers: pruning, dead letters, monitoring views,
-//! dump and restore, and secrets.
+//! Operating the outbox against real servers: pruning, dead letters, monitoring views, and
+//! dump and restore.
 
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{enqueue_many, password_file, sqlstate, wait_until, Client, Pg, Redis};
-
-fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
-    client.query_one(sql, &[]).unwrap().get(0)
-}
-
-fn poison(redis: &Redis, key: &str) {
-    redis::cmd("HSET")
-        .arg(key)
-        .arg("f")
-        .arg("v")
-        .query::<i64>(&mut redis.conn())
-        .unwrap();
-}
+use common::redis_keys::{poison, unpoison};
+use common::sql::one;
+use common::{enqueue_many, wait_until, Client, Pg, Redis};
 
 #[test]
 fn pruning_keeps_pending_rows_and_the_table_flat() {
@@ -94,6 +83,88 @@ fn pruning_keeps_pending_rows_and_the_table_flat() {
         ),
         100
     );
+}
+
+/// Old events redriven from outbox_dead are published long after their neighbours (as are
+/// events of a transaction that commits late). Pruning walked the ids from the lowest and
+/// stopped at the first range holding a recently published row, so while old ids kept being
+/// published, everything after them was kept forever. Here one old event is redriven, then
+/// another every half second, while 100 events with ids past 50,000, published long before,
+/// must be pruned.
+#[test]
+fn redriven_old_events_do_not_keep_later_history_from_pruning() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.retention", "2s"),
+            ("outbox.max_attempts", "1"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    poison(&redis, "bad");
+    let old = enqueue_many(&mut client, "bad", 80);
+    assert!(
+        wait_until(Duration::from_secs(60), || one::<i64>(
+            &mut pg.connect(),
+            "SELECT count(*) FROM outbox_dead"
+        ) == 80),
+        "the bad events did not all reach outbox_dead"
+    );
+    client
+        .batch_execute("SELECT setval('outbox_id_seq', 50000)")
+        .unwrap();
+    let recent = enqueue_many(&mut client, "good", 100);
+    assert!(recent[0] > 50_000);
+    assert!(wait_until(Duration::from_secs(20), || redis.xlen("good") == 100));
+    assert!(wait_until(Duration::from_secs(20), || pg.pending() == 0));
+    unpoison(&redis, "bad");
+
+    // A: the oldest event, published now.
+    assert!(one::<bool>(
+        &mut client,
+        &format!("SELECT outbox_redrive({})", old[0])
+    ));
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("bad") == 1),
+        "the redriven event was not published"
+    );
+    assert_eq!(redis.ids("bad"), [old[0]]);
+
+    let started = Instant::now();
+    let mut redriven = 1;
+    let mut last_redrive = Instant::now();
+    loop {
+        let left: i64 = one(&mut client, "SELECT count(*) FROM outbox WHERE id > 50000");
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{left} published events with ids past 50000 are still there 30 s after the \
+             redrive, while old ids kept being published ({redriven} redriven)"
+        );
+        if last_redrive.elapsed() >= Duration::from_millis(500) && redriven < old.len() {
+            assert!(one::<bool>(
+                &mut client,
+                &format!("SELECT outbox_redrive({})", old[redriven])
+            ));
+            redriven += 1;
+            last_redrive = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "events past 50000 pruned {:?} after the first redrive, {redriven} old events redriven",
+        started.elapsed()
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("bad") == redriven),
+        "a redriven event was not published"
+    );
+    assert_eq!(redis.ids("bad"), old[..redriven]);
 }
 
 #[test]
@@ -483,173 +554,6 @@ fn dump_and_restore_keep_events_dead_letters_and_ids() {
     assert!(
         next > highest,
         "new id {next} collides with restored ids up to {highest}"
-    );
-}
-
-/// The password lives in a file that the relay reads when it connects: a monitoring role sees
-/// the URL and the file's name, never the password, and neither does the server log.
-#[test]
-fn the_redis_password_is_read_from_a_file_and_shown_nowhere() {
-    let redis = Redis::start_with_password(Some("right-horse-battery"));
-    let file = password_file("wrong-staple-s3cret");
-    let url = redis.relay_url();
-    let pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.redis_password_file", file.as_str()),
-        ("outbox.redis_timeout", "1s"),
-    ]);
-    let mut admin = pg.with_extension();
-    pg.wait_for_workers(1);
-    enqueue_many(&mut admin, "secret", 3);
-    assert!(wait_until(Duration::from_secs(10), || {
-        pg.worker_state().0 == "backoff"
-    }));
-    let error = pg.worker_state().1.unwrap_or_default();
-    assert!(
-        error.to_lowercase().contains("password") || error.contains("WRONGPASS"),
-        "{error}"
-    );
-    assert!(!error.contains("wrong-staple-s3cret"), "{error}");
-
-    // What pg_monitor (and so pg_read_all_settings) reads: the URL and the file's name.
-    admin
-        .batch_execute("CREATE ROLE watcher LOGIN; GRANT pg_monitor TO watcher")
-        .unwrap();
-    let mut watcher = pg.connect_as("postgres", "watcher");
-    assert_eq!(one::<String>(&mut watcher, "SHOW outbox.redis_url"), url);
-    assert_eq!(
-        one::<String>(&mut watcher, "SHOW outbox.redis_password_file"),
-        file
-    );
-    let settings: String = one(
-        &mut watcher,
-        "SELECT string_agg(name || '=' || setting, ' ') FROM pg_settings WHERE name LIKE 'outbox.%'",
-    );
-    assert!(!settings.contains("s3cret"), "{settings}");
-
-    // The file is read again at the next connection: with the right password the backlog goes
-    // out, without a reload.
-    std::fs::write(&file, "right-horse-battery\n").unwrap();
-    assert!(
-        wait_until(Duration::from_secs(30), || redis.xlen("secret") == 3),
-        "the relay did not read the password file again: {:?}",
-        pg.worker_state()
-    );
-    let log = pg.log();
-    assert!(
-        log.contains(&format!("redis_password_file='{file}'")),
-        "the start-up line names the file:\n{log}"
-    );
-    for password in ["wrong-staple-s3cret", "right-horse-battery"] {
-        assert!(
-            !log.contains(password),
-            "the password reached the server log:\n{log}"
-        );
-    }
-}
-
-/// A password written into `outbox.redis_url` is refused wherever it comes from: `ALTER
-/// SYSTEM` fails with 22023 and a hint, and a configuration file that holds one starts the
-/// server, but the relay waits and says why rather than publish to the URL kept before.
-#[test]
-fn a_password_in_the_redis_url_is_refused() {
-    let redis = Redis::start();
-    let mut pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
-    let mut admin = pg.with_extension();
-    pg.wait_for_workers(1);
-    enqueue_many(&mut admin, "before", 1);
-    assert!(wait_until(Duration::from_secs(20), || redis.xlen("before") == 1));
-
-    let with_password = format!("redis://:url-s3cret@127.0.0.1:{}", redis.port);
-    let error = admin
-        .batch_execute(&format!(
-            "ALTER SYSTEM SET outbox.redis_url = '{with_password}'"
-        ))
-        .unwrap_err();
-    let db = error.as_db_error().expect("a server error");
-    assert_eq!(db.code().code(), "22023", "{error:?}");
-    assert!(!db.message().contains("s3cret"), "{}", db.message());
-    assert!(
-        db.hint()
-            .is_some_and(|h| h.contains("outbox.redis_password_file")),
-        "{:?}",
-        db.hint()
-    );
-    let socket = "unix:///run/redis.sock?pass=url-s3cret";
-    let error = admin
-        .batch_execute(&format!("ALTER SYSTEM SET outbox.redis_url = '{socket}'"))
-        .unwrap_err();
-    assert_eq!(sqlstate(&error), "22023", "{error:?}");
-
-    // In the configuration file, at a reload: the relay keeps nothing of it and waits.
-    pg.set(&[("outbox.redis_url", with_password.as_str())]);
-    enqueue_many(&mut admin, "refused", 2);
-    assert!(
-        wait_until(Duration::from_secs(20), || pg.worker_state().0 == "backoff"),
-        "the relay did not stop at a refused URL: {:?}",
-        pg.worker_state()
-    );
-    let error = pg.worker_state().1.unwrap_or_default();
-    assert!(error.contains("outbox.redis_password_file"), "{error}");
-    // And at a restart, the server starts all the same.
-    pg.restart();
-    pg.wait_for_workers(1);
-    assert!(
-        wait_until(Duration::from_secs(20), || pg.worker_state().0 == "backoff"),
-        "after a restart the relay did not wait at a refused URL: {:?}",
-        pg.worker_state()
-    );
-    let error = pg.worker_state().1.unwrap_or_default();
-    assert!(error.contains("outbox.redis_password_file"), "{error}");
-    assert_eq!(redis.xlen("refused"), 0, "published with a refused URL");
-    let log = pg.log();
-    assert!(
-        log.contains("invalid value for parameter \"outbox.redis_url\""),
-        "{log}"
-    );
-    // Only the refused statements, as typed, show it: no line of the relay or of a reload.
-    let leaks: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("s3cret") && !l.contains("STATEMENT:  ALTER SYSTEM"))
-        .collect();
-    assert!(leaks.is_empty(), "the password reached the log: {leaks:#?}");
-
-    // Without the password, the relay goes on.
-    let url = redis.relay_url();
-    pg.set(&[("outbox.redis_url", url.as_str())]);
-    assert!(
-        wait_until(Duration::from_secs(20), || redis.xlen("refused") == 2),
-        "the relay did not resume: {:?}",
-        pg.worker_state()
-    );
-}
-
-/// A password file that other users could read is refused, as PostgreSQL refuses such a
-/// `ssl_key_file`; made private, it is used at the next try.
-#[test]
-fn a_password_file_others_can_read_is_refused() {
-    use std::os::unix::fs::PermissionsExt;
-    let redis = Redis::start_with_password(Some("open-s3cret"));
-    let pg = Pg::relaying_to(&redis, &[("outbox.redis_timeout", "1s")]);
-    let file: String = one(&mut pg.connect(), "SHOW outbox.redis_password_file");
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let mut admin = pg.with_extension();
-    pg.wait_for_workers(1);
-    enqueue_many(&mut admin, "guarded", 2);
-    assert!(wait_until(Duration::from_secs(20), || {
-        pg.worker_state().0 == "backoff"
-    }));
-    let error = pg.worker_state().1.unwrap_or_default();
-    assert!(
-        error.contains("outbox.redis_password_file") && error.contains("0644"),
-        "{error}"
-    );
-    assert!(pg.log().contains("group or world access"), "{}", pg.log());
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    assert!(
-        wait_until(Duration::from_secs(30), || redis.xlen("guarded") == 2),
-        "{:?}",
-        pg.worker_state()
     );
 }
 

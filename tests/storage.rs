@@ -5,15 +5,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::sql::one;
 use common::{enqueue_many, wait_until, Pg, Redis};
 use postgres::Client;
 
 /// Ids in one run of the ring (`src/ring.rs`).
 const CHUNK: i64 = 1 << 16;
-
-fn one<T: for<'a> postgres::types::FromSql<'a>>(client: &mut Client, sql: &str) -> T {
-    client.query_one(sql, &[]).unwrap().get(0)
-}
 
 /// Rows, size on disk, file and deletes counted so far of one partition.
 #[derive(Debug, PartialEq)]

@@ -8,17 +8,17 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use outbox_redis::encode::{self, Event, Ordering};
+use outbox_redis::outcome::Outcome;
+use outbox_redis::publish::{Interrupted, Reply};
 use pgrx::prelude::*;
 
 use super::claim::{self, Claimed, Failure, Scope};
 use super::cursor::{self, Reach, Verdict};
-use super::encode::{Event, Ordering};
 use super::order::PassOrder;
-use super::pipeline::Outcome;
-use super::publish::{Interrupted, Reply};
 use super::retry::DueLook;
 use super::worker::{self, End};
-use super::{backoff, encode, retry, spare, Pass, Relay};
+use super::{backoff, retry, spare, Pass, Relay};
 use crate::lane;
 use crate::ring;
 use crate::shmem::WorkerState;

@@ -6,13 +6,13 @@
 
 use std::time::Duration;
 
+use outbox_redis::encode::{ascii_safe, Event};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgOid;
 
 use super::cursor::Reach;
-use super::encode::{ascii_safe, Event};
 use super::retry::DueLook;
 use super::rows::Plan;
 use super::schema::{Schema, SCHEMA};
@@ -1091,7 +1091,7 @@ unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::encode::sample_event;
+    use outbox_redis::encode::sample_event;
 
     fn failure(id: i64) -> Failure {
         Failure {

@@ -6,24 +6,18 @@
 //! publish. A crash before the commit publishes the batch again instead of losing it (and with
 //! `outbox.dedupe` the markers in Redis absorb the repeat). Failures are logged when the
 //! worker's situation changes, never once per retry. This file holds the loop; `batch.rs` one
-//! pass's transaction, `worker.rs` the process's plumbing, `publish.rs` the Redis thread.
+//! pass's transaction, `worker.rs` the process's plumbing; the Redis thread is the outbox-redis
+//! crate's `publish.rs`.
 
 pub mod backoff;
 mod batch;
 mod claim;
-mod connection;
 mod cursor;
-pub mod encode;
 mod extension;
 mod hold;
 pub mod launcher;
-mod link;
-mod mailbox;
 mod order;
-mod password_file;
-mod pipeline;
 mod prune;
-pub mod publish;
 mod retry;
 mod rows;
 mod schema;
@@ -35,6 +29,7 @@ mod worker;
 
 use std::time::{Duration, Instant};
 
+use outbox_redis::publish::Publisher;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -44,7 +39,6 @@ use crate::gucs;
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use extension::Extension;
-use publish::Publisher;
 use retry::RetrySchedule;
 use settings::Settings;
 use worker::{in_transaction, End};

@@ -64,8 +64,9 @@ pub fn pin_settings(application_name: &str) {
 
 /// With dedupe on, the relay's commits do not wait for their WAL to reach disk: a mark lost in
 /// a crash makes the relay publish its batch again, and the batch's markers absorb that, since
-/// they are deleted only once the commit is on disk (`publish.rs`). That takes a WAL flush off
-/// every pass of a busy relay. With dedupe off nothing would absorb it, and commits wait.
+/// they are deleted only once the commit is on disk (outbox-redis's `publish.rs`). That takes a
+/// WAL flush off every pass of a busy relay. With dedupe off nothing would absorb it, and commits
+/// wait.
 pub fn commit_without_waiting(dedupe: bool) {
     set(c"synchronous_commit", if dedupe { "off" } else { "local" });
 }

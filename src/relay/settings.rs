@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
-use crate::gucs;
+use outbox_redis::target::{Mode, Target, TlsFiles};
 
-use super::publish::{Target, TlsFiles};
-use crate::gucs::RedisMode;
+use crate::gucs;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -57,9 +56,9 @@ impl Settings {
             .retention
             .map_or("off".to_string(), |r| format!("{}s", r.as_secs()));
         let mode = match target.mode {
-            RedisMode::Standalone => "standalone".to_string(),
-            RedisMode::Cluster => "cluster".to_string(),
-            RedisMode::Sentinel => format!("sentinel master='{}'", target.sentinel_master),
+            Mode::Standalone => "standalone".to_string(),
+            Mode::Cluster => "cluster".to_string(),
+            Mode::Sentinel => format!("sentinel master='{}'", target.sentinel_master),
         };
         let mut tls = String::new();
         for (name, file) in [

@@ -13,7 +13,7 @@
 
 use std::cell::RefCell;
 
-use super::encode::Event;
+use outbox_redis::encode::Event;
 
 thread_local! {
     /// The main thread's pool: the thread that claims, and to which the Redis thread hands the

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 pub use postgres::Client;
 
+pub mod redis_keys;
+pub mod sql;
 pub mod topology;
 
 /// The server program the tests start: `redis-server`, or another that speaks its protocol
@@ -653,13 +655,13 @@ impl Pg {
         .to_vec()
     }
 
-    /// Number of outbox rows still unpublished.
     /// The state and last error of the only relay worker.
     pub fn worker_state(&self) -> (String, Option<String>) {
         let rows = self.query_retrying("SELECT state, last_error FROM outbox_workers");
         (rows[0].get(0), rows[0].get(1))
     }
 
+    /// Number of outbox rows still unpublished.
     pub fn pending(&self) -> i64 {
         self.query_retrying("SELECT count(*) FROM outbox WHERE published_at IS NULL")[0].get(0)
     }
@@ -679,6 +681,12 @@ impl Drop for Pg {
         }
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A server whose relay is off (`outbox.workers = 0`), so that rows stay where the test puts
+/// them.
+pub fn server() -> Pg {
+    Pg::start(&[("outbox.workers", "0")])
 }
 
 /// Enqueues `n` events on `topic` in one transaction; returns their ids.

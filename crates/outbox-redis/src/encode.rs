@@ -237,7 +237,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 /// An event on `topic` with an empty payload, for unit tests.
-#[cfg(test)]
+#[cfg(any(test, feature = "test-support"))]
 pub fn sample_event(id: i64, topic: &str) -> Event {
     Event {
         id,

@@ -3,20 +3,19 @@
 //! how the replies map back to events. No I/O here.
 
 use std::collections::hash_map::RandomState;
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use std::collections::BTreeSet;
-
 use redis::{Cmd, Value};
 
-use super::connection::Failed;
-use super::encode::{
-    group_by_stream, key_slot, marker_key, marker_period, rfc3339, shard_runs, Event,
+use crate::encode::{
+    group_by_stream, key_slot, marker_key, marker_period, rfc3339, shard_runs, stream_key, Event,
 };
-use super::publish::{Markers, Target};
+use crate::outcome::{Answer, Failed, Markers, Outcome};
+use crate::target::Target;
 
 pub const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
 
@@ -61,25 +60,6 @@ pub struct Chunk<'a> {
     pub events: &'a [Event],
     /// Markers of batches whose transaction has committed, deleted on the way.
     pub cleanup: &'a [Markers],
-}
-
-/// What Redis made of a chunk: one outcome per event, in order, and the markers the chunk left
-/// behind (with dedupe on), to delete once its transaction has committed.
-pub struct Answer {
-    pub results: Vec<Outcome>,
-    pub markers: Vec<Markers>,
-}
-
-/// What became of one event of a chunk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// It is in its stream.
-    Added,
-    /// Redis refused it, or it broke the connection alone: it is charged an attempt.
-    Failed(String),
-    /// It was not sent: an earlier event of its key (else topic) failed in the same chunk, sent
-    /// event by event (see `order::OneByOne`). It waits for that one, uncharged.
-    HeldBack,
 }
 
 /// An error reply as Redis words it: `WRONGTYPE Operation against a key ...`.
@@ -235,7 +215,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
         }
     } else {
         for (index, event) in chunk.events.iter().enumerate() {
-            let stream = super::encode::stream_key(&target.stream_prefix, &event.topic);
+            let stream = stream_key(&target.stream_prefix, &event.topic);
             if waits {
                 layout.slots.insert(key_slot(stream.as_bytes()));
             }
@@ -356,7 +336,8 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::encode::sample_event as event;
+    use crate::encode::sample_event as event;
+    use crate::target::Mode;
     use std::time::Duration;
 
     fn reply(resp: &[u8]) -> Value {
@@ -366,7 +347,7 @@ mod tests {
     fn target(dedupe: bool) -> Target {
         Target {
             url: "redis://127.0.0.1".into(),
-            mode: crate::gucs::RedisMode::Standalone,
+            mode: Mode::Standalone,
             sentinel_master: String::new(),
             tls: Default::default(),
             password_file: String::new(),

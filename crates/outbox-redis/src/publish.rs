@@ -6,62 +6,24 @@
 //! that hangs never holds up a shutdown. When the transaction holding the chunks ends, the main
 //! thread says whether it committed, and where its commit record ends in the WAL. The markers of
 //! a committed batch have done their job once that record is on disk (the relay's commits do not
-//! wait for it, see `session.rs`): the main thread says how far the WAL is flushed, and the
-//! markers are deleted in the next round trip after that, or after a short idle moment if none
-//! comes. Until then a crash that loses the commit finds them, and they absorb the batch's
-//! republication, as the markers of a rolled-back batch do.
+//! wait for it, see the extension's `relay/session.rs`): the main thread says how far the WAL is
+//! flushed, and the markers are deleted in the next round trip after that, or after a short idle
+//! moment if none comes. Until then a crash that loses the commit finds them, and they absorb the
+//! batch's republication, as the markers of a rolled-back batch do.
 
 use std::thread;
 use std::time::Duration;
 
-use super::connection::{self, Connection};
-use super::encode::Event;
-use super::mailbox::{self, Receiver, RecvTimeoutError, Sender};
-use super::pipeline::{Chunk, Outcome};
-use crate::gucs::RedisMode;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use crate::connection::{self, Connection};
+use crate::encode::Event;
+use crate::outcome::{Markers, Outcome};
+use crate::pipeline::Chunk;
+use crate::target::Target;
 
 /// How long the thread waits for another chunk before it deletes committed markers alone.
 const CLEANUP_AFTER: Duration = Duration::from_millis(20);
-
-/// Where and how to publish: the Redis side of the settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// One URL, or a comma-separated list (cluster seed nodes, or sentinels).
-    pub url: String,
-    pub mode: RedisMode,
-    /// The service name Sentinel knows the primary by.
-    pub sentinel_master: String,
-    pub tls: TlsFiles,
-    /// Files holding the passwords for Redis and for the sentinels; empty strings are unset.
-    pub password_file: String,
-    pub sentinel_password_file: String,
-    /// Why the configured URL was refused, when it was: the relay then connects nowhere.
-    pub url_refused: Option<&'static str>,
-    /// Replicas that must acknowledge a chunk before its events count as published.
-    pub wait_replicas: u32,
-    pub timeout: Duration,
-    pub stream_prefix: String,
-    pub stream_maxlen: u64,
-    pub dedupe: bool,
-    pub dedupe_ttl: Duration,
-    /// Tells apart databases sharing a Redis in marker hash keys.
-    pub marker_namespace: String,
-}
-
-/// PEM files for `rediss://`; empty strings are unset.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub ca_file: String,
-    pub cert_file: String,
-    pub key_file: String,
-}
-
-/// Dedupe markers: those one script call left in one marker hash, under one field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Markers {
-    pub hash: String,
-    pub field: String,
-}
 
 /// What the main thread tells the Redis thread.
 enum Command {
@@ -101,8 +63,8 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn spawn(target: Target) -> Publisher {
-        let (commands, incoming) = mailbox::channel::<Command>();
-        let (outgoing, replies) = mailbox::channel::<Reply>();
+        let (commands, incoming) = crossbeam_channel::unbounded::<Command>();
+        let (outgoing, replies) = crossbeam_channel::unbounded::<Reply>();
         // The thread is born with every signal blocked (a thread inherits its creator's mask):
         // blocking them only once it runs left a moment in which a SIGTERM could land there,
         // and PostgreSQL's handler may only run on the main thread.
@@ -199,7 +161,7 @@ impl RedisSide {
         block_signals();
         loop {
             let command = if self.committed.is_empty() || self.cleanup_failed {
-                incoming.recv().ok_or(RecvTimeoutError::Disconnected)
+                incoming.recv().map_err(|_| RecvTimeoutError::Disconnected)
             } else {
                 incoming.recv_timeout(CLEANUP_AFTER)
             };

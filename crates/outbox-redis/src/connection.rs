@@ -2,10 +2,11 @@
 //! dedupe script, and sending a chunk, with the isolation of an event that breaks the
 //! connection while Redis itself stays reachable.
 
-use super::link::{self, describe, Link};
-use super::order::OneByOne;
-use super::pipeline::{self, Answer, Chunk, Outcome, ScriptCall, DEDUPE_SCRIPT};
-use super::publish::Target;
+use crate::link::{self, describe, Link};
+use crate::one_by_one::OneByOne;
+use crate::outcome::{Answer, Failed, Outcome};
+use crate::pipeline::{self, Chunk, ScriptCall, DEDUPE_SCRIPT};
+use crate::target::Target;
 
 /// A link to Redis, and what it was opened for.
 pub struct Connection {
@@ -53,15 +54,6 @@ fn load_script(connection: &mut Connection) -> Result<(), String> {
         connection.script_loaded = true;
     }
     Ok(())
-}
-
-/// Why a chunk could not be answered event by event.
-pub enum Failed {
-    /// Redis said no to the whole chunk (NOAUTH, NOPERM, OOM ...): nobody is charged.
-    Refused(String),
-    /// The connection failed in the middle of the chunk (an I/O error, a timeout, a reply
-    /// that makes no sense): Redis may be gone, or one event may have broken the connection.
-    Broken(String),
 }
 
 /// Publishes a chunk; `Err` says why Redis could not be used at all (nothing may be marked).

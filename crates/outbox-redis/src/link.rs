@@ -17,10 +17,8 @@ use redis::{
     ServerError, TlsCertificates, TlsMode, Value,
 };
 
-use super::password_file;
-use super::publish::{Target, TlsFiles};
-use crate::gucs::RedisMode;
-use crate::redis_url;
+use crate::target::{Mode, Target, TlsFiles};
+use crate::{password_file, redis_url};
 
 /// An open link to Redis.
 pub enum Link {
@@ -67,7 +65,7 @@ pub fn open(target: &Target) -> Result<Link, String> {
         return Err("outbox.redis_url is empty".into());
     };
     match target.mode {
-        RedisMode::Standalone => {
+        Mode::Standalone => {
             if urls.len() > 1 {
                 return Err(format!(
                     "outbox.redis_url lists {} URLs; with outbox.redis_mode = standalone it \
@@ -87,11 +85,11 @@ pub fn open(target: &Target) -> Result<Link, String> {
             .map_err(|e| describe(&e))?;
             node(&client, target.timeout, read_timeout)
         }
-        RedisMode::Sentinel => {
+        Mode::Sentinel => {
             let client = primary_from_sentinels(target, &urls, certificates, password)?;
             node(&client, target.timeout, read_timeout)
         }
-        RedisMode::Cluster => {
+        Mode::Cluster => {
             let mut builder = ClusterClientBuilder::new(urls.iter().copied())
                 .connection_timeout(target.timeout)
                 .response_timeout(read_timeout)

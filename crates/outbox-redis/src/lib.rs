@@ -1,0 +1,27 @@
+//! The relay's Redis side, with no PostgreSQL in it: what the extension's background worker
+//! hands to Redis and how. The worker's main thread reads the settings and the events from the
+//! database and gives them to this crate as plain values; what goes wrong here comes back to it
+//! as values too, for it to log.
+//!
+//! The modules, each using only those listed before it:
+//!
+//! - `target`: the Redis side of the settings (`Target`, `Mode`, `TlsFiles`).
+//! - `encode`: an event on its way to Redis (`Event`), stream keys, entry fields, marker keys.
+//! - `outcome`: what Redis made of a chunk (`Outcome`, `Markers`, `Answer`, `Failed`).
+//! - `redis_url`, `password_file`: the URLs of `outbox.redis_url`, and the password files.
+//! - `one_by_one`: a key's order in a chunk sent again event by event.
+//! - `link`: the link per mode (one server, Sentinel, Cluster; TLS), and its pipelines.
+//! - `pipeline`: the commands of one round trip, with the dedupe script, and their replies.
+//! - `connection`: a chunk sent on a link, and an event that breaks the connection isolated.
+//! - `publish`: the publisher thread, and the channel the worker's main thread drives it by.
+
+mod connection;
+pub mod encode;
+mod link;
+mod one_by_one;
+pub mod outcome;
+mod password_file;
+mod pipeline;
+pub mod publish;
+pub mod redis_url;
+pub mod target;
