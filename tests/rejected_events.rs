@@ -48,14 +48,25 @@ fn a_poison_event_does_not_stop_the_events_behind_it() {
     let mut expected = vec![before, after];
     expected.extend(later);
     assert_eq!(redis.ids("good"), expected);
-    let row = client
-        .query_one(
-            "SELECT published_at IS NULL, attempts, last_error FROM outbox WHERE id = $1",
-            &[&poison],
-        )
-        .unwrap();
+    // The good events reach Redis before the relay's transaction that charges the poison event
+    // commits: wait for that commit.
+    let mut charged = || {
+        client
+            .query_one(
+                "SELECT published_at IS NULL, attempts, last_error FROM outbox WHERE id = $1",
+                &[&poison],
+            )
+            .unwrap()
+    };
+    let mut row = charged();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            row = charged();
+            row.get::<_, i32>(1) >= 1
+        }),
+        "its attempts were not counted"
+    );
     assert!(row.get::<_, bool>(0), "the poison event is still pending");
-    assert!(row.get::<_, i32>(1) >= 1, "its attempts were counted");
     let error: String = row.get(2);
     assert!(error.contains("WRONGTYPE"), "{error}");
     assert!(
