@@ -17,7 +17,8 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, varlena, IntoDatum, PgLogLevel, PgSqlErrorCode};
 
-use crate::{gucs, insert, lane, trace, utf8, wake};
+use crate::pg::utf8;
+use crate::{gucs, insert, lane, trace, wake};
 
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.
 pub const MAX_TOPIC_BYTES: usize = 256;

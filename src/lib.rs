@@ -9,19 +9,18 @@ use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 mod backend;
-mod compat;
 mod databases;
 mod enqueue;
 mod gucs;
 mod insert;
 mod lane;
+mod pg;
 mod relay;
 mod ring;
 mod shmem;
 mod status;
 mod step_aside;
 mod trace;
-mod utf8;
 mod utility;
 mod wake;
 
@@ -53,7 +52,7 @@ pub extern "C-unwind" fn _PG_init() {
         .report(PgLogLevel::LOG);
         return;
     }
-    compat::reserve_guc_prefix();
+    pg::compat::reserve_guc_prefix();
     shmem::init();
     utility::init();
     relay::register_workers();

@@ -670,7 +670,7 @@ pub fn shared() -> Option<&'static Shared> {
 
 /// Asks for the shared area. Only valid while `shared_preload_libraries` is being processed.
 pub fn init() {
-    crate::compat::request_shared_memory(std::mem::size_of::<Shared>());
+    crate::pg::compat::request_shared_memory(std::mem::size_of::<Shared>());
     // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
     // way for an extension to take part in shared-memory setup.
     unsafe {

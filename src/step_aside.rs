@@ -61,7 +61,7 @@ fn step_aside(name: &CStr) -> Option<u32> {
     let oid = unsafe { pg_sys::get_database_oid(name.as_ptr(), true) };
     // Only for someone the command will let through: anyone else could stop the relay for ten
     // seconds with a DROP DATABASE that fails.
-    if oid == pg_sys::InvalidOid || !crate::compat::owns_database(oid) {
+    if oid == pg_sys::InvalidOid || !crate::pg::compat::owns_database(oid) {
         return None;
     }
     let oid = oid.to_u32();

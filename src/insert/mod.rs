@@ -40,7 +40,7 @@ use pgrx::prelude::*;
 use pgrx::{PgBox, PgMemoryContexts};
 
 use crate::backend::{self, BackendLocal};
-use crate::compat;
+use crate::pg::compat;
 use crate::ring::{self, LEAVES};
 
 mod delayed;

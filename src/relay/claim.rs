@@ -17,8 +17,8 @@ use super::retry::DueLook;
 use super::rows::Plan;
 use super::schema::{Schema, SCHEMA};
 use super::spare;
+use crate::pg::utf8;
 use crate::ring::{self, LEAVES};
-use crate::utf8;
 
 /// The schema the extension with oid `oid` lives in, and its installed version (as UTF-8, for
 /// comparing and logging: like a name, it is text in the database's encoding).

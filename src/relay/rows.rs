@@ -13,7 +13,7 @@ use std::ptr::NonNull;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::compat;
+use crate::pg::compat;
 
 /// A statement prepared once and kept, like pgrx's `OwnedPreparedStatement`, but run with a
 /// receiver of our own.

@@ -13,7 +13,7 @@ use std::fmt;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::utf8;
+use crate::pg::utf8;
 
 /// Where a statement names the extension's schema. Neither SQL text nor a name can hold a NUL,
 /// so this cannot be mistaken for either.
