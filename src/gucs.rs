@@ -637,7 +637,7 @@ unsafe extern "C-unwind" fn check_traceparent(
 ) -> bool {
     // SAFETY: called by PostgreSQL as a string check hook.
     let value = unsafe { candidate_bytes(newval) };
-    if value.is_empty() || crate::trace::is_traceparent(value) {
+    if value.is_empty() || crate::write::trace::is_traceparent(value) {
         return true;
     }
     check_text(
@@ -656,14 +656,14 @@ unsafe extern "C-unwind" fn check_tracestate(
 ) -> bool {
     // SAFETY: called by PostgreSQL as a string check hook.
     let value = unsafe { candidate_bytes(newval) };
-    if value.is_empty() || crate::trace::is_tracestate(value) {
+    if value.is_empty() || crate::write::trace::is_tracestate(value) {
         return true;
     }
     check_text(
         CheckText::Detail,
         &format!(
             "A tracestate is a list of key=value members in printable ASCII, at most {} bytes.",
-            crate::trace::MAX_TRACESTATE_BYTES
+            crate::write::trace::MAX_TRACESTATE_BYTES
         ),
     );
     false

@@ -8,21 +8,16 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-mod backend;
 mod databases;
-mod enqueue;
 mod gucs;
-mod insert;
-mod lane;
 mod pg;
 mod relay;
 mod ring;
 mod shmem;
 mod status;
 mod step_aside;
-mod trace;
 mod utility;
-mod wake;
+mod write;
 
 ::pgrx::pg_module_magic!(name, version);
 

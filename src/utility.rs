@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::{step_aside, wake};
+use crate::step_aside;
+use crate::write::wake;
 
 static PREVIOUS: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
 

@@ -14,7 +14,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::Extra;
-use crate::backend::BackendLocal;
+use crate::write::backend::BackendLocal;
 
 /// The kept plan, and the schema it inserts into.
 static PLAN: BackendLocal<RefCell<Option<(pg_sys::Oid, pg_sys::SPIPlanPtr)>>> =

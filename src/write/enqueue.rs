@@ -17,8 +17,9 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, varlena, IntoDatum, PgLogLevel, PgSqlErrorCode};
 
+use super::{insert, lane, trace, wake};
+use crate::gucs;
 use crate::pg::utf8;
-use crate::{gucs, insert, lane, trace, wake};
 
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.
 pub const MAX_TOPIC_BYTES: usize = 256;

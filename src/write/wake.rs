@@ -17,7 +17,7 @@ use std::ffi::c_void;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::backend::{self, BackendLocal};
+use super::backend::{self, BackendLocal};
 use crate::{ring, shmem};
 
 /// Whether this backend's current transaction wants the relay woken at commit.

@@ -39,9 +39,9 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{PgBox, PgMemoryContexts};
 
-use crate::backend::{self, BackendLocal};
 use crate::pg::compat;
 use crate::ring::{self, LEAVES};
+use crate::write::backend::{self, BackendLocal};
 
 mod delayed;
 mod indexes;
