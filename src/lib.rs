@@ -10,13 +10,12 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 mod databases;
 mod gucs;
+mod hooks;
 mod pg;
 mod relay;
 mod ring;
 mod shmem;
 mod status;
-mod step_aside;
-mod utility;
 mod write;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -49,6 +48,6 @@ pub extern "C-unwind" fn _PG_init() {
     }
     pg::compat::reserve_guc_prefix();
     shmem::init();
-    utility::init();
+    hooks::utility::init();
     relay::register_workers();
 }

@@ -12,7 +12,7 @@
 //! counts stayed equal and unchanged since that batch was claimed: no enqueued event can have
 //! appeared below it. A claim past the cursor during which an enqueueing transaction began is
 //! claimed again from the lowest id. A `COMMIT PREPARED` statement is counted too, by the utility
-//! hook (`utility.rs`). Rows written without either (a hand-written `INSERT`, a prepared
+//! hook (`hooks/utility.rs`). Rows written without either (a hand-written `INSERT`, a prepared
 //! transaction committed by logical replication's apply worker) are not counted: a claim past the cursor that finds too few
 //! events looks below it too, at most once per `outbox.poll_interval`, as the poll would.
 //!

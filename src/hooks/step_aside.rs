@@ -2,8 +2,8 @@
 //! `WITH (FORCE)`: both refuse to run while anyone else is connected to it, and the relay's
 //! workers are. Before such a command runs (from the utility hook, `utility.rs`, in every
 //! backend), the database is paused in shared memory (so the launcher starts no worker there),
-//! its workers are asked to leave and waited for, and the command runs. A paused database is picked up again ten seconds later, should the command have
-//! failed; after a rename, at once.
+//! its workers are asked to leave and waited for, and the command runs. A paused database is
+//! picked up again ten seconds later, should the command have failed; after a rename, at once.
 
 use std::ffi::{CStr, CString};
 use std::time::{Duration, Instant};
