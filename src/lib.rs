@@ -13,7 +13,7 @@ mod gucs;
 mod hooks;
 mod pg;
 mod relay;
-mod ring;
+mod retention;
 mod shmem;
 mod status;
 mod write;

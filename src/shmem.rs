@@ -13,7 +13,7 @@ use std::time::Duration;
 use pgrx::pg_sys;
 
 use crate::gucs::MAX_WORKERS;
-use crate::ring::LEAVES;
+use crate::retention::ring::LEAVES;
 
 /// `TimestampTz` value standing for SQL NULL in a slot.
 const NO_TIME: i64 = i64::MIN;

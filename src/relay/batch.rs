@@ -19,7 +19,7 @@ use super::order::PassOrder;
 use super::retry::DueLook;
 use super::worker::{self, End};
 use super::{backoff, retry, spare, Pass, Relay};
-use crate::ring;
+use crate::retention::ring;
 use crate::shmem::WorkerState;
 use crate::write::lane;
 

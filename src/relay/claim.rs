@@ -18,7 +18,7 @@ use super::rows::Plan;
 use super::schema::{Schema, SCHEMA};
 use super::spare;
 use crate::pg::utf8;
-use crate::ring::{self, LEAVES};
+use crate::retention::ring::{self, LEAVES};
 
 /// The schema the extension with oid `oid` lives in, and its installed version (as UTF-8, for
 /// comparing and logging: like a name, it is text in the database's encoding).

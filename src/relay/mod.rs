@@ -17,15 +17,13 @@ mod extension;
 mod hold;
 pub mod launcher;
 mod order;
-mod prune;
 mod retry;
 mod rows;
-mod schema;
+pub mod schema;
 mod session;
 mod settings;
 mod spare;
-mod truncate;
-mod worker;
+pub mod worker;
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +34,7 @@ use pgrx::prelude::*;
 
 use crate::databases::Selection;
 use crate::gucs;
+use crate::retention::{prune, truncate};
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use extension::Extension;

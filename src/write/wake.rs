@@ -18,7 +18,8 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::backend::{self, BackendLocal};
-use crate::{ring, shmem};
+use crate::retention::ring;
+use crate::shmem;
 
 /// Whether this backend's current transaction wants the relay woken at commit.
 static WAKE_PENDING: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));

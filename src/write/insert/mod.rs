@@ -18,7 +18,7 @@
 //! EXTENSION`) makes the next call build them again, so they are exactly as fresh as the
 //! relcache entries they come from.
 //!
-//! The table is partitioned (a ring of partitions by runs of ids, see `ring.rs`). The fast path
+//! The table is partitioned (a ring of partitions by runs of ids, see `retention/ring.rs`). The fast path
 //! takes the id first and routes the row itself: the partition for the id is the one hash
 //! partitioning would pick, and only it is opened and locked, as `INSERT`'s tuple routing does.
 //! Each partition's indexes are built the first time a row goes to it. A table of the layout
@@ -40,7 +40,7 @@ use pgrx::prelude::*;
 use pgrx::{PgBox, PgMemoryContexts};
 
 use crate::pg::compat;
-use crate::ring::{self, LEAVES};
+use crate::retention::ring::{self, LEAVES};
 use crate::write::backend::{self, BackendLocal};
 
 mod delayed;
