@@ -357,7 +357,7 @@ fn seconds(setting: &GucSetting<i32>) -> Duration {
     Duration::from_secs(setting.get().max(0) as u64)
 }
 
-/// As bytes: a database's name need not be UTF-8 (see `databases.rs`).
+/// As bytes: a database's name need not be UTF-8 (see `relay/databases.rs`).
 pub fn database() -> Vec<u8> {
     DATABASE.get().map(CString::into_bytes).unwrap_or_default()
 }
@@ -599,7 +599,7 @@ unsafe extern "C-unwind" fn check_database(
             CStr::from_ptr(ptr).to_bytes()
         }
     };
-    match crate::databases::Selection::parse(value) {
+    match crate::relay::databases::Selection::parse(value) {
         Ok(_) => true,
         Err(why) => {
             check_text(CheckText::Detail, &why);

@@ -8,7 +8,6 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-mod databases;
 mod gucs;
 mod hooks;
 mod pg;

@@ -19,8 +19,8 @@ use pgrx::bgworkers::{
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::databases::Selection;
 use super::worker;
-use crate::databases::Selection;
 use crate::gucs;
 use crate::shmem::{self, Shared};
 
