@@ -24,6 +24,8 @@ pub mod schema;
 mod session;
 mod settings;
 mod spare;
+mod sql;
+mod statements;
 pub mod worker;
 
 use std::time::{Duration, Instant};
