@@ -13,7 +13,7 @@ use std::ffi::CString;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::Extra;
+use super::extra::Extra;
 use crate::write::backend::BackendLocal;
 
 /// The kept plan, and the schema it inserts into.

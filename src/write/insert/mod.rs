@@ -44,12 +44,14 @@ use crate::retention::ring::{self, LEAVES};
 use crate::write::backend::{self, BackendLocal};
 
 mod delayed;
+mod extra;
 mod indexes;
 mod kept;
 mod shape;
 mod statement;
 
 pub use delayed::insert_delayed;
+pub use extra::Extra;
 
 extern "C-unwind" {
     /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
@@ -246,18 +248,6 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     if watched {
         GENERATION.get().set(GENERATION.get().get() + 1);
     }
-}
-
-/// What `outbox_enqueue` was given beyond the topic and the payload (from 0.5.0 on).
-pub struct Extra {
-    /// A text datum.
-    pub key: Option<pg_sys::Datum>,
-    /// A jsonb datum.
-    pub headers: Option<pg_sys::Datum>,
-    /// When the event is due (a timestamptz datum), if it is delayed: it then goes to
-    /// `outbox_delayed` ([`insert_delayed`]), not to `outbox`.
-    pub deliver_at: Option<pg_sys::Datum>,
-    pub lane: i16,
 }
 
 /// Inserts the event into the `outbox` table of schema `schema` and returns its id.
