@@ -11,5 +11,6 @@ mod backend;
 mod enqueue;
 mod insert;
 pub mod lane;
-pub mod trace;
+mod trace;
+pub mod w3c;
 pub mod wake;
