@@ -173,10 +173,10 @@ pub(super) fn run_claim(
 /// Redis works on it.
 const CLAIM_BYTES: usize = 16 * 1024 * 1024;
 
-/// Reads one claimed row, its columns in the order of [`CLAIMED_TYPES`](super::sql::CLAIMED_TYPES). Topic and payload
-/// are read as the database stores them and converted to UTF-8 here, one event at a time, so
-/// that text which cannot be converted is charged to its event instead of failing the claim.
-/// Of a blocked row only the id is read.
+/// Reads one claimed row, its columns in the order of `CLAIMED_TYPES` (`sql.rs`). Topic and
+/// payload are read as the database stores them and converted to UTF-8 here, one event at a
+/// time, so that text which cannot be converted is charged to its event instead of failing the
+/// claim. Of a blocked row only the id is read.
 fn read_row(claimed: &mut Claimed, values: &[pg_sys::Datum], nulls: &[bool], utf8_database: bool) {
     let column = |i: usize| (!nulls[i]).then_some(values[i]);
     // By value, as a 64-bit server passes bigint, timestamptz and integer datums.

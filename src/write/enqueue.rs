@@ -6,7 +6,7 @@
 //! it finds the table by the extension's schema, so a caller's objects cannot hijack it, and it
 //! spares every call the cost of a `SET search_path` clause.
 //!
-//! The row goes in through the executor's single-row insert (`src/insert.rs`). The arguments
+//! The row goes in through the executor's single-row insert (`insert/`). The arguments
 //! stay raw datums: the topic is checked as bytes and the payload is never converted to a Rust
 //! value.
 

@@ -1,5 +1,5 @@
 //! The insert of a delayed event (`deliver_after`) into `outbox_delayed`, where it waits until it
-//! is due; the relay then moves it into `outbox` (see `relay/claim.rs`). Delayed events stay out
+//! is due; the relay then moves it into `outbox` (see `relay/sql.rs`). Delayed events stay out
 //! of `outbox` so that however many wait, they neither lengthen the indexes the relay's claims
 //! and vacuum go through nor keep the ring's partitions from being emptied.
 //!
