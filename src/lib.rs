@@ -2,6 +2,12 @@
 //!
 //! `outbox_enqueue` writes an event in the caller's transaction; background workers relay the
 //! committed events to Redis Streams. The SQL surface is hand-written in `sql/outbox.sql`.
+//!
+//! The code is grouped by concern: `write/` runs in the caller's transaction, `relay/` is the
+//! background workers, `retention/` keeps the table to `outbox.retention`, `shmem/` is what the
+//! backends and the workers share, `hooks/` what the extension hooks into every backend, `pg/`
+//! the PostgreSQL plumbing both sides use, `gucs/` every `outbox.*` setting, and `status.rs`
+//! the functions behind the views. The Redis side is the `outbox-redis` crate.
 
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReport;

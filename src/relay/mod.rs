@@ -7,7 +7,8 @@
 //! `outbox.dedupe` the markers in Redis absorb the repeat). Failures are logged when the
 //! worker's situation changes, never once per retry. This file holds the loop; `batch.rs` one
 //! pass's transaction, `worker.rs` the process's plumbing; the Redis thread is the outbox-redis
-//! crate's `publish.rs`.
+//! crate's `publish.rs`. The relay's SQL is in `sql.rs`, prepared once in `statements.rs`; the
+//! rows a claim took are read in `claim.rs`.
 
 pub mod backoff;
 mod batch;
