@@ -2,28 +2,26 @@
 //!
 //! `outbox_enqueue` writes an event in the caller's transaction; background workers relay the
 //! committed events to Redis Streams. The SQL surface is hand-written in `sql/outbox.sql`.
+//!
+//! The code is grouped by concern: `write/` runs in the caller's transaction, `relay/` is the
+//! background workers, `retention/` keeps the table to `outbox.retention`, `shmem/` is what the
+//! backends and the workers share, `hooks/` what the extension hooks into every backend, `pg/`
+//! the PostgreSQL plumbing both sides use, `gucs/` every `outbox.*` setting, and `status.rs`
+//! the functions behind the views. The Redis side is the `outbox-redis` crate.
 
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-mod backend;
-mod compat;
-mod databases;
-mod enqueue;
 mod gucs;
-mod insert;
-mod lane;
+mod hooks;
+mod pg;
 mod relay;
-mod ring;
+mod retention;
 mod shmem;
 mod status;
-mod step_aside;
-mod trace;
-mod utf8;
-mod utility;
-mod wake;
+mod write;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -53,8 +51,8 @@ pub extern "C-unwind" fn _PG_init() {
         .report(PgLogLevel::LOG);
         return;
     }
-    compat::reserve_guc_prefix();
+    pg::compat::reserve_guc_prefix();
     shmem::init();
-    utility::init();
+    hooks::utility::init();
     relay::register_workers();
 }

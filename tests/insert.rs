@@ -155,9 +155,9 @@ fn check_indexes(client: &mut Client) {
 }
 
 /// An index whose expression or predicate calls a function of the database's own (prepared for
-/// each call, as an `INSERT` prepares it for each statement; see `src/insert/kept.rs`) stays
-/// right when the function is replaced between two calls of one session: the next call runs
-/// the new function.
+/// each call, as an `INSERT` prepares it for each statement; see `src/write/insert/kept.rs`)
+/// stays right when the function is replaced between two calls of one session: the next call
+/// runs the new function.
 #[test]
 fn an_index_on_a_function_of_the_database_follows_its_replacement() {
     let pg = server();

@@ -19,9 +19,9 @@ use super::order::PassOrder;
 use super::retry::DueLook;
 use super::worker::{self, End};
 use super::{backoff, retry, spare, Pass, Relay};
-use crate::lane;
-use crate::ring;
+use crate::retention::ring;
 use crate::shmem::WorkerState;
+use crate::write::lane;
 
 /// How often the relay moves due delayed events into `outbox`, at most (and at least twice per
 /// `outbox.poll_interval`); at once again while a move finds a full batch.

@@ -2,24 +2,25 @@
 //!
 //! The index of unpublished events keeps an entry for each event published since vacuum last
 //! came (or since its partition was emptied), and a claim from the lowest id steps over all of
-//! them; after a soak, that made draining a backlog a third slower. A claim past the last id
-//! claimed steps over none. It is right only if no event became visible below that id since the
-//! claim that reached it: an event committed late below a draining backlog must go out before
-//! its key's later events (`tests/keys.rs` shows what happens otherwise).
+//! them, which slows the draining of a backlog in a table that has been busy for long. A claim
+//! past the last id claimed steps over none. It is right only if no event became visible below
+//! that id since the claim that reached it: an event committed late below a draining backlog
+//! must go out before its key's later events (`tests/keys.rs` shows what happens otherwise).
 //!
 //! Every transaction that enqueues is counted when it enqueues first and again once it has
 //! ended (`shmem::EnqueueActivity`). The relay claims past its last batch only while the two
 //! counts stayed equal and unchanged since that batch was claimed: no enqueued event can have
 //! appeared below it. A claim past the cursor during which an enqueueing transaction began is
 //! claimed again from the lowest id. A `COMMIT PREPARED` statement is counted too, by the utility
-//! hook (`utility.rs`). Rows written without either (a hand-written `INSERT`, a prepared
-//! transaction committed by logical replication's apply worker) are not counted: a claim past the cursor that finds too few
-//! events looks below it too, at most once per `outbox.poll_interval`, as the poll would.
+//! hook (`hooks/utility.rs`). Rows written without either (a hand-written `INSERT`, a prepared
+//! transaction committed by logical replication's apply worker) are not counted: a claim past
+//! the cursor that finds too few events looks below it too, at most once per
+//! `outbox.poll_interval`, as the poll would.
 //!
 //! A claim from the lowest id reads the index of unpublished events in every partition of the
 //! ring, one index scan each, where a pass woken by a commit finds its handful of events in one
-//! of them (a profile of the relay at 8,000 commits/s put starting those scans at 11% of its
-//! time). So each commit that enqueued counts itself against the partitions it wrote to
+//! of them: under a stream of commits, starting those scans is a measurable part of the relay's
+//! time. So each commit that enqueued counts itself against the partitions it wrote to
 //! (`shmem::EnqueueActivity`), as it is about to commit and again once it is visible; a claim
 //! from the lowest id that found fewer events than it asked for leaves the partitions it read
 //! settled at the counts read before it, where no commit was between its two counts. The next
@@ -34,7 +35,7 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use crate::ring::LEAVES;
+use crate::retention::ring::LEAVES;
 
 /// How long an idle worker may wait, at most `wait`, so as to make each look due once per
 /// `poll_interval` from the last one (`looks`: when each was last made) in time, however many
@@ -237,7 +238,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::{moved_elsewhere, until_next_look, ClaimStart, Reach, Verdict};
-    use crate::ring::LEAVES;
+    use crate::retention::ring::LEAVES;
 
     const LANES: std::ops::Range<i16> = 0..1024;
 

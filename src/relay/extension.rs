@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::claim::{self, Statements};
 use super::schema::Schema;
+use super::sql;
+use super::statements::Statements;
+use crate::pg::utf8;
 
 /// The versions of the extension's objects this library's statements relay: its own, and the
 /// earlier ones whose updates since changed nothing the relay reads (0.7.0 added a view).
@@ -62,7 +64,7 @@ impl Extension {
         }
         if self.statements.as_ref().map(|s| s.extension) != Some(oid) {
             self.statements = None;
-            let (schema, version) = claim::extension_schema(oid)?;
+            let (schema, version) = extension_schema(oid)?;
             if !RELAYED_VERSIONS.contains(&version.as_str()) {
                 // The library was upgraded and the SQL objects not yet: relaying resumes once
                 // ALTER EXTENSION brings them to the version this library's statements need.
@@ -82,4 +84,35 @@ impl Extension {
         }
         self.statements.as_ref()
     }
+}
+
+/// The schema the extension with oid `oid` lives in, and its installed version (as UTF-8, for
+/// comparing and logging: like a name, it is text in the database's encoding).
+pub fn extension_schema(oid: pg_sys::Oid) -> Option<(Schema, String)> {
+    let (namespace, version) = Spi::connect_mut(|client| {
+        let row = client
+            .update(sql::EXTENSION, Some(1), &[oid.into()])
+            .ok()?
+            .first();
+        let namespace = row.get::<pg_sys::Oid>(1).ok()??;
+        let version = row.get_datum_by_ordinal(2).ok()??;
+        // SAFETY: a non-null text datum of the row just read, valid while SPI is connected.
+        let version = unsafe { text_shown(version) };
+        Some((namespace, version))
+    })?;
+    Some((Schema::of(namespace)?, version))
+}
+
+/// A text datum of the database as UTF-8, bytes with no UTF-8 form replaced: for what is only
+/// compared with our own text or shown.
+///
+/// # Safety
+/// `datum` must be a non-null text datum.
+unsafe fn text_shown(datum: pg_sys::Datum) -> String {
+    // SAFETY: guaranteed by the caller; the bytes are copied before the detoasted copy goes.
+    let bytes = unsafe {
+        let text = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+        pgrx::varlena::varlena_to_byte_slice(text).to_vec()
+    };
+    utf8::shown(&bytes)
 }

@@ -19,8 +19,8 @@ use pgrx::bgworkers::{
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::databases::Selection;
 use super::worker;
-use crate::databases::Selection;
 use crate::gucs;
 use crate::shmem::{self, Shared};
 
@@ -93,7 +93,7 @@ impl Launcher {
             if worker::shutdown_requested() {
                 // 1, not 0: the postmaster forgets a static worker that exits with 0, and a
                 // pg_terminate_backend of the launcher would end relaying until a restart.
-                crate::compat::proc_exit(1);
+                crate::pg::compat::proc_exit(1);
             }
             worker::reload_configuration();
             self.look();

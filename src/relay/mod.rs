@@ -7,25 +7,27 @@
 //! `outbox.dedupe` the markers in Redis absorb the repeat). Failures are logged when the
 //! worker's situation changes, never once per retry. This file holds the loop; `batch.rs` one
 //! pass's transaction, `worker.rs` the process's plumbing; the Redis thread is the outbox-redis
-//! crate's `publish.rs`.
+//! crate's `publish.rs`. The relay's SQL is in `sql.rs`, prepared once in `statements.rs`; the
+//! rows a claim took are read in `claim.rs`.
 
 pub mod backoff;
 mod batch;
 mod claim;
 mod cursor;
+pub mod databases;
 mod extension;
 mod hold;
 pub mod launcher;
 mod order;
-mod prune;
 mod retry;
 mod rows;
-mod schema;
+pub mod schema;
 mod session;
 mod settings;
 mod spare;
-mod truncate;
-mod worker;
+mod sql;
+mod statements;
+pub mod worker;
 
 use std::time::{Duration, Instant};
 
@@ -34,10 +36,11 @@ use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::databases::Selection;
 use crate::gucs;
+use crate::retention::{prune, truncate};
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
+use databases::Selection;
 use extension::Extension;
 use retry::RetrySchedule;
 use settings::Settings;

@@ -8,7 +8,7 @@
 //! stream its first one went to; from its first event bound for another stream on, the key's
 //! events are held back for a later pass, which claims them again in id order. A key whose event
 //! failed is held back the same way for the rest of the pass (the passes after pass it by in
-//! SQL, see `claim.rs`). A chunk sent again event by event keeps its keys' order as
+//! SQL, see `sql.rs`). A chunk sent again event by event keeps its keys' order as
 //! `one_by_one.rs` in outbox-redis says.
 
 use std::collections::{HashMap, HashSet};

@@ -2,7 +2,7 @@
 //!
 //! A name in the catalog is bytes in the database's encoding: `"ausgänge"` in a LATIN1 database
 //! holds the byte 0xE4, which is not UTF-8, so a name is never read into a Rust string (pgrx's
-//! conversion panics on it, and the worker then panicked on every start). Statements are
+//! conversion panics on it, and the worker would panic on every start). Statements are
 //! written as Rust strings with [`SCHEMA`] where the schema goes, and [`Schema::sql`] puts the
 //! name there as PostgreSQL's `quote_identifier` quotes it, byte for byte. Log lines show the
 //! name converted to UTF-8.
@@ -13,7 +13,7 @@ use std::fmt;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::utf8;
+use crate::pg::utf8;
 
 /// Where a statement names the extension's schema. Neither SQL text nor a name can hold a NUL,
 /// so this cannot be mistaken for either.

@@ -36,7 +36,7 @@ const PINNED: &[(&CStr, &str)] = &[
     // worker's CPU under a stream of commits), and a generic plan built while the table held a
     // page or two was a sequential scan, kept through the next burst until autoanalyze ran.
     // With sequential scans and sorts priced out, every plan walks an index (the claims the
-    // partial indexes of unpublished rows, which alone give their order, see `claim.rs`; the
+    // partial indexes of unpublished rows, which alone give their order, see `sql.rs`; the
     // others the primary key), whatever the statistics say when it is built.
     (c"plan_cache_mode", "force_generic_plan"),
     (c"enable_seqscan", "off"),

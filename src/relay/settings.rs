@@ -36,7 +36,7 @@ impl Settings {
                 url_refused: gucs::redis_url_refused(),
                 wait_replicas: gucs::redis_wait_replicas(),
                 timeout: gucs::redis_timeout(),
-                stream_prefix: crate::databases::stream_prefix(&gucs::stream_prefix(), database),
+                stream_prefix: super::databases::stream_prefix(&gucs::stream_prefix(), database),
                 stream_maxlen: gucs::stream_maxlen(),
                 dedupe: gucs::dedupe(),
                 dedupe_ttl: gucs::dedupe_ttl(),

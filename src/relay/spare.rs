@@ -2,10 +2,10 @@
 //!
 //! A claim copies each event's topic and payload (and key and headers, when set) into strings
 //! that go to the Redis thread and come back with its answer. Allocated for every event and
-//! freed once it was answered, they cost the relay's main thread (the one that runs the claim
-//! and the mark, and whose speed is the relay's) about a thirtieth of its time in `malloc` and
-//! `free` while it drained a backlog, work the in-server ceiling does not have. Kept and filled
-//! again, they cost a copy.
+//! freed once it was answered, they would cost the relay's main thread (the one that runs the
+//! claim and the mark, and whose speed is the relay's) a `malloc` and a `free` each; kept and
+//! filled again, they cost a copy. The pool is kept for the time it measurably saves that thread
+//! while it drains a backlog.
 //!
 //! The pool is bounded in count and in the size of what it keeps, so that a burst of large
 //! payloads does not stay in the worker's memory, and it is emptied when a pass finds less than

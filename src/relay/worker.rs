@@ -119,7 +119,7 @@ pub fn exit_if_postmaster_died() {
 /// ignores the code during a shutdown.
 pub fn exit() -> ! {
     // The exit callbacks clear the slot and abort any transaction.
-    crate::compat::proc_exit(1)
+    crate::pg::compat::proc_exit(1)
 }
 
 /// Where the commit record of this process's last committed transaction ends in the WAL.
@@ -130,7 +130,7 @@ pub fn last_commit_end() -> u64 {
 
 /// How far the WAL is on disk.
 pub fn wal_flushed_to() -> u64 {
-    crate::compat::wal_flushed_to()
+    crate::pg::compat::wal_flushed_to()
 }
 
 /// How far the synchronous standbys have confirmed flushing the WAL, when

@@ -1,14 +1,16 @@
 //! Every `outbox.*` setting: one static each, registered by [`init`], read through typed getters.
+//! The check hooks that refuse a bad value, and say why, are in `checks.rs`.
 //!
 //! Durations are stored in the unit PostgreSQL shows for them (ms or s) and handed out as
 //! [`Duration`]; strings are handed out as owned `String`s so callers never hold a pointer into
 //! GUC memory across a reload.
 
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+mod checks;
+
+use std::ffi::{c_char, CStr, CString};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use outbox_redis::redis_url;
 use outbox_redis::target::Mode;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::pg_sys;
@@ -123,7 +125,7 @@ fn init_reloadable() {
             &DATABASE,
             GucContext::Sighup,
             GucFlags::default(),
-            Some(check_database),
+            Some(checks::check_database),
             None,
             None,
         );
@@ -134,7 +136,7 @@ fn init_reloadable() {
             &REDIS_URL,
             GucContext::Sighup,
             GucFlags::SUPERUSER_ONLY,
-            Some(check_redis_url),
+            Some(checks::check_redis_url),
             None,
             None,
         );
@@ -262,7 +264,7 @@ fn init_reloadable() {
             &NOTIFY_CHANNEL,
             GucContext::Userset,
             GucFlags::default(),
-            Some(check_notify_channel),
+            Some(checks::check_notify_channel),
             None,
             None,
         );
@@ -276,7 +278,7 @@ fn init_reloadable() {
             &TRACEPARENT,
             GucContext::Userset,
             GucFlags::default(),
-            Some(check_traceparent),
+            Some(checks::check_traceparent),
             None,
             None,
         );
@@ -287,7 +289,7 @@ fn init_reloadable() {
             &TRACESTATE,
             GucContext::Userset,
             GucFlags::default(),
-            Some(check_tracestate),
+            Some(checks::check_tracestate),
             None,
             None,
         );
@@ -357,7 +359,7 @@ fn seconds(setting: &GucSetting<i32>) -> Duration {
     Duration::from_secs(setting.get().max(0) as u64)
 }
 
-/// As bytes: a database's name need not be UTF-8 (see `databases.rs`).
+/// As bytes: a database's name need not be UTF-8 (see `relay/databases.rs`).
 pub fn database() -> Vec<u8> {
     DATABASE.get().map(CString::into_bytes).unwrap_or_default()
 }
@@ -394,9 +396,9 @@ pub fn redis_sentinel_password_file() -> String {
 /// last one this process checked was: the relay then waits instead of publishing to the URL it
 /// kept (the default, or the one before).
 pub fn redis_url_refused() -> Option<&'static str> {
-    REDIS_URL_REFUSED
+    checks::REDIS_URL_REFUSED
         .load(Ordering::Relaxed)
-        .then_some(PASSWORD_IN_URL)
+        .then_some(checks::PASSWORD_IN_URL)
 }
 
 pub fn redis_tls_ca_file() -> String {
@@ -493,194 +495,4 @@ pub fn dedupe() -> bool {
 
 pub fn dedupe_ttl() -> Duration {
     seconds(&DEDUPE_TTL_S)
-}
-
-/// Reads a GUC check hook's candidate value.
-///
-/// # Safety
-/// `newval` must be the pointer PostgreSQL passes to a string check hook.
-unsafe fn candidate<'a>(newval: *mut *mut c_char) -> Option<&'a str> {
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        let ptr = *newval;
-        if ptr.is_null() {
-            None
-        } else {
-            CStr::from_ptr(ptr).to_str().ok()
-        }
-    }
-}
-
-/// What a failed GUC check reports, in place of PostgreSQL's own words (its message quotes the
-/// value).
-enum CheckText {
-    Message,
-    Detail,
-    Hint,
-}
-
-/// Sets one text of a failed GUC check.
-fn check_text(which: CheckText, text: &str) {
-    let text = CString::new(text.replace('\0', "")).unwrap_or_default();
-    // SAFETY: GUC_check_errmsg_string and its two siblings are PostgreSQL's documented way for
-    // a check hook to report; each takes ownership of a palloc'd string, which pstrdup makes.
-    unsafe {
-        let copy = pg_sys::pstrdup(text.as_ptr());
-        match which {
-            CheckText::Message => pg_sys::GUC_check_errmsg_string = copy,
-            CheckText::Detail => pg_sys::GUC_check_errdetail_string = copy,
-            CheckText::Hint => pg_sys::GUC_check_errhint_string = copy,
-        }
-    }
-}
-
-/// What the relay says while the configured `outbox.redis_url` holds a password.
-const PASSWORD_IN_URL: &str = "outbox.redis_url holds a password, so it was refused and the \
-     relay waits; put the password in the file named by outbox.redis_password_file and remove it \
-     from the URL";
-
-/// Whether the last value of `outbox.redis_url` from a configuration file that this process
-/// checked was refused for holding a password. Forked processes inherit the postmaster's.
-static REDIS_URL_REFUSED: AtomicBool = AtomicBool::new(false);
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_redis_url(
-    newval: *mut *mut c_char,
-    _extra: *mut *mut c_void,
-    source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook.
-    let value = unsafe { candidate(newval) }.unwrap_or("");
-    let verdict = redis_url::validate(value);
-    // A value from the files is refused without stopping the server: PostgreSQL keeps the
-    // setting's previous value, and the relay must not publish there in its place.
-    if source <= pg_sys::GucSource::PGC_S_ARGV {
-        REDIS_URL_REFUSED.store(
-            matches!(verdict, Err(redis_url::Refused::Password)),
-            Ordering::Relaxed,
-        );
-    }
-    match verdict {
-        Ok(()) => true,
-        Err(refused) => {
-            // PostgreSQL's own message would show the value as it was written, in the server
-            // log (a reload) or to the client; none is shown, and the detail names the URL at
-            // fault by its place in the list.
-            check_text(
-                CheckText::Message,
-                "invalid value for parameter \"outbox.redis_url\"",
-            );
-            check_text(CheckText::Detail, &refused.to_string());
-            if let redis_url::Refused::Password = refused {
-                check_text(
-                    CheckText::Hint,
-                    "Remove the password from the URL (keep the user name: redis://user@host) and \
-                     write it to a file only the server's OS user can read, named by \
-                     outbox.redis_password_file.",
-                );
-            }
-            false
-        }
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_database(
-    newval: *mut *mut c_char,
-    _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook, with a NUL-terminated value or null.
-    let value = unsafe {
-        let ptr = *newval;
-        if ptr.is_null() {
-            &[][..]
-        } else {
-            CStr::from_ptr(ptr).to_bytes()
-        }
-    };
-    match crate::databases::Selection::parse(value) {
-        Ok(_) => true,
-        Err(why) => {
-            check_text(CheckText::Detail, &why);
-            false
-        }
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_notify_channel(
-    newval: *mut *mut c_char,
-    _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook.
-    let value = unsafe { candidate(newval) }.unwrap_or("");
-    if value.len() >= pg_sys::NAMEDATALEN as usize {
-        check_text(
-            CheckText::Detail,
-            &format!(
-                "A notification channel name is at most {} bytes long.",
-                pg_sys::NAMEDATALEN - 1
-            ),
-        );
-        return false;
-    }
-    true
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_traceparent(
-    newval: *mut *mut c_char,
-    _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook.
-    let value = unsafe { candidate_bytes(newval) };
-    if value.is_empty() || crate::trace::is_traceparent(value) {
-        return true;
-    }
-    check_text(
-        CheckText::Detail,
-        "A traceparent is version-traceid-parentid-flags in lowercase hex, such as \
-         00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01.",
-    );
-    false
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_tracestate(
-    newval: *mut *mut c_char,
-    _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook.
-    let value = unsafe { candidate_bytes(newval) };
-    if value.is_empty() || crate::trace::is_tracestate(value) {
-        return true;
-    }
-    check_text(
-        CheckText::Detail,
-        &format!(
-            "A tracestate is a list of key=value members in printable ASCII, at most {} bytes.",
-            crate::trace::MAX_TRACESTATE_BYTES
-        ),
-    );
-    false
-}
-
-/// A string check hook's candidate value as bytes, empty for null.
-///
-/// # Safety
-/// `newval` must be a string check hook's argument.
-unsafe fn candidate_bytes<'a>(newval: *mut *mut c_char) -> &'a [u8] {
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        let ptr = *newval;
-        if ptr.is_null() {
-            &[]
-        } else {
-            CStr::from_ptr(ptr).to_bytes()
-        }
-    }
 }

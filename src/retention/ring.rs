@@ -4,7 +4,7 @@
 //!
 //! The sequence hands out ids in order, so at any moment writers fill one partition while the
 //! ones behind it only see the relay's marks; once a partition's rows are all published and
-//! past `outbox.retention`, the relay empties it with `TRUNCATE` (see `relay/storage.rs`),
+//! past `outbox.retention`, the relay empties it with `TRUNCATE` (see `truncate.rs`),
 //! which leaves no dead row versions behind, long before the sequence comes round to it again.
 //!
 //! PostgreSQL routes rows with hash partitioning (`PARTITION BY HASH (id

@@ -2,8 +2,8 @@
 //! `WITH (FORCE)`: both refuse to run while anyone else is connected to it, and the relay's
 //! workers are. Before such a command runs (from the utility hook, `utility.rs`, in every
 //! backend), the database is paused in shared memory (so the launcher starts no worker there),
-//! its workers are asked to leave and waited for, and the command runs. A paused database is picked up again ten seconds later, should the command have
-//! failed; after a rename, at once.
+//! its workers are asked to leave and waited for, and the command runs. A paused database is
+//! picked up again ten seconds later, should the command have failed; after a rename, at once.
 
 use std::ffi::{CStr, CString};
 use std::time::{Duration, Instant};
@@ -61,7 +61,7 @@ fn step_aside(name: &CStr) -> Option<u32> {
     let oid = unsafe { pg_sys::get_database_oid(name.as_ptr(), true) };
     // Only for someone the command will let through: anyone else could stop the relay for ten
     // seconds with a DROP DATABASE that fails.
-    if oid == pg_sys::InvalidOid || !crate::compat::owns_database(oid) {
+    if oid == pg_sys::InvalidOid || !crate::pg::compat::owns_database(oid) {
         return None;
     }
     let oid = oid.to_u32();

@@ -1,5 +1,5 @@
 //! The insert of a delayed event (`deliver_after`) into `outbox_delayed`, where it waits until it
-//! is due; the relay then moves it into `outbox` (see `relay/claim.rs`). Delayed events stay out
+//! is due; the relay then moves it into `outbox` (see `relay/sql.rs`). Delayed events stay out
 //! of `outbox` so that however many wait, they neither lengthen the indexes the relay's claims
 //! and vacuum go through nor keep the ring's partitions from being emptied.
 //!
@@ -13,8 +13,8 @@ use std::ffi::CString;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::Extra;
-use crate::backend::BackendLocal;
+use super::extra::Extra;
+use crate::write::backend::BackendLocal;
 
 /// The kept plan, and the schema it inserts into.
 static PLAN: BackendLocal<RefCell<Option<(pg_sys::Oid, pg_sys::SPIPlanPtr)>>> =

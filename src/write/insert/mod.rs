@@ -3,27 +3,26 @@
 //!
 //! The row goes in through `ExecSimpleRelationInsert`, the insert logical replication uses to
 //! apply a change: constraints, indexes and row triggers are handled as by `INSERT`, without
-//! planning or running a statement. Going through SPI cost about twice a plain `INSERT`'s
-//! executor time, which profiles of 8-client pgbench runs showed as the bulk of what
-//! `outbox_enqueue` added to a transaction.
+//! planning or running a statement. It is kept because it measurably cuts what `outbox_enqueue`
+//! adds to a transaction, against an `INSERT` through SPI.
 //!
 //! Each call opens the table and its indexes under `RowExclusiveLock`, as an `INSERT` does. What
 //! does not change between calls is built once, in a memory context of its own: the table's and
 //! the sequence's OIDs, the columns' positions, each index's `IndexInfo` with its expressions
 //! and predicate ready to evaluate, and each partition's constraint ready to check.
-//! `ExecOpenIndices` rebuilt the `IndexInfo`s on every call, and the expressions, predicates and
-//! partition constraint went through the planner each time: a quarter of the samples in a
-//! profile of a PL/pgSQL loop of keyed calls. Expressions are kept only where `kept.rs` allows.
+//! `ExecOpenIndices` would rebuild the `IndexInfo`s on every call, and the expressions,
+//! predicates and partition constraint would go through the planner each time, a measurable
+//! part of a loop of keyed calls. Expressions are kept only where `kept.rs` allows.
 //! A relcache invalidation of the table, the sequence or an index (DDL, `ANALYZE`, `DROP
 //! EXTENSION`) makes the next call build them again, so they are exactly as fresh as the
 //! relcache entries they come from.
 //!
-//! The table is partitioned (a ring of partitions by runs of ids, see `ring.rs`). The fast path
-//! takes the id first and routes the row itself: the partition for the id is the one hash
-//! partitioning would pick, and only it is opened and locked, as `INSERT`'s tuple routing does.
-//! Each partition's indexes are built the first time a row goes to it. A table of the layout
-//! before 0.3.0 (not partitioned) still takes the fast path; one partitioned otherwise takes
-//! the plain `INSERT`.
+//! The table is partitioned (a ring of partitions by runs of ids, see `retention/ring.rs`). The
+//! fast path takes the id first and routes the row itself: the partition for the id is the one
+//! hash partitioning would pick, and only it is opened and locked, as `INSERT`'s tuple routing
+//! does. Each partition's indexes are built the first time a row goes to it. A table of the
+//! layout before 0.3.0 (not partitioned) still takes the fast path; one partitioned otherwise
+//! takes the plain `INSERT`.
 //!
 //! The fast path fills the columns itself, so it is taken only while the table has the shape
 //! `sql/outbox.sql` gives it: the same columns and types, and defaults only on `id` (the
@@ -39,17 +38,19 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{PgBox, PgMemoryContexts};
 
-use crate::backend::{self, BackendLocal};
-use crate::compat;
-use crate::ring::{self, LEAVES};
+use crate::pg::compat;
+use crate::retention::ring::{self, LEAVES};
+use crate::write::backend::{self, BackendLocal};
 
 mod delayed;
+mod extra;
 mod indexes;
 mod kept;
 mod shape;
 mod statement;
 
 pub use delayed::insert_delayed;
+pub use extra::Extra;
 
 extern "C-unwind" {
     /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
@@ -246,18 +247,6 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     if watched {
         GENERATION.get().set(GENERATION.get().get() + 1);
     }
-}
-
-/// What `outbox_enqueue` was given beyond the topic and the payload (from 0.5.0 on).
-pub struct Extra {
-    /// A text datum.
-    pub key: Option<pg_sys::Datum>,
-    /// A jsonb datum.
-    pub headers: Option<pg_sys::Datum>,
-    /// When the event is due (a timestamptz datum), if it is delayed: it then goes to
-    /// `outbox_delayed` ([`insert_delayed`]), not to `outbox`.
-    pub deliver_at: Option<pg_sys::Datum>,
-    pub lane: i16,
 }
 
 /// Inserts the event into the `outbox` table of schema `schema` and returns its id.

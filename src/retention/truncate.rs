@@ -30,9 +30,9 @@ use std::time::Duration;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::schema::{Schema, SCHEMA};
-use super::worker::{self, in_transaction, End};
-use crate::ring::{self, LEAVES};
+use super::ring::{self, LEAVES};
+use crate::relay::schema::{Schema, SCHEMA};
+use crate::relay::worker::{self, in_transaction, End};
 use crate::shmem::DatabaseShare;
 
 /// Least time between two looks for partitions to empty, across all workers, unless a
@@ -370,7 +370,7 @@ fn cancel_autovacuums(oid: pg_sys::Oid) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ring::CHUNK;
+    use crate::retention::ring::CHUNK;
 
     fn leaves(marked_at: i64, bytes: i64) -> [Leaf; LEAVES] {
         [Leaf { marked_at, bytes }; LEAVES]

@@ -3,9 +3,9 @@
 //! Background workers cannot LISTEN, and NOTIFY costs a global lock at commit, so the wake-up is
 //! a latch: `outbox_enqueue` only records the wish, and a transaction callback sets every
 //! worker's latch at COMMIT. A rollback or PREPARE TRANSACTION wakes nobody; a `COMMIT
-//! PREPARED` statement wakes the relay at its own commit (the utility hook, `utility.rs`, asks
-//! for it; for a prepared transaction that logical replication's apply worker commits, the poll
-//! picks the events up).
+//! PREPARED` statement wakes the relay at its own commit (the utility hook, `hooks/utility.rs`,
+//! asks for it; for a prepared transaction that logical replication's apply worker commits, the
+//! poll picks the events up).
 //!
 //! The same wish counts the transaction in its database's [`EnqueueActivity`] when it is made,
 //! and again once the transaction has ended: the relay claims past its last batch only while no
@@ -17,8 +17,9 @@ use std::ffi::c_void;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::backend::{self, BackendLocal};
-use crate::{ring, shmem};
+use super::backend::{self, BackendLocal};
+use crate::retention::ring;
+use crate::shmem;
 
 /// Whether this backend's current transaction wants the relay woken at commit.
 static WAKE_PENDING: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));

@@ -6,7 +6,7 @@
 //! it finds the table by the extension's schema, so a caller's objects cannot hijack it, and it
 //! spares every call the cost of a `SET search_path` clause.
 //!
-//! The row goes in through the executor's single-row insert (`src/insert.rs`). The arguments
+//! The row goes in through the executor's single-row insert (`insert/`). The arguments
 //! stay raw datums: the topic is checked as bytes and the payload is never converted to a Rust
 //! value.
 
@@ -17,7 +17,9 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, varlena, IntoDatum, PgLogLevel, PgSqlErrorCode};
 
-use crate::{gucs, insert, lane, trace, utf8, wake};
+use super::{insert, lane, trace, wake};
+use crate::gucs;
+use crate::pg::utf8;
 
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.
 pub const MAX_TOPIC_BYTES: usize = 256;

@@ -1,14 +1,15 @@
 //! The utility hook, in every backend of a server that preloads the extension: what some
 //! statements need of the relay. A `DROP DATABASE` or a rename of a database the relay works in
 //! first has its workers leave (`step_aside.rs`); a `COMMIT PREPARED` wakes the relay at its
-//! commit, as the commit of a transaction that enqueued does (`wake.rs`).
+//! commit, as the commit of a transaction that enqueued does (`write/wake.rs`).
 
 use std::sync::OnceLock;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::{step_aside, wake};
+use super::step_aside;
+use crate::write::wake;
 
 static PREVIOUS: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
 

@@ -6,6 +6,8 @@ use std::ffi::CStr;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::extra::Extra;
+
 /// Inserts the event with a plain `INSERT` statement, for a table whose shape the fast path does
 /// not fill: the columns get their types and defaults as in any `INSERT`. The values go in as
 /// literals, which PostgreSQL reads with the columns' own input functions, whatever their types.
@@ -16,7 +18,7 @@ pub unsafe fn insert_statement(
     schema: pg_sys::Oid,
     topic: pg_sys::Datum,
     payload: pg_sys::Datum,
-    extra: Option<&super::Extra>,
+    extra: Option<&Extra>,
 ) -> i64 {
     // SAFETY: catalog reads and an SPI statement inside the caller's transaction; every string
     // is palloc'd in the call's memory context and NUL-terminated.

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 
 use pgrx::pg_sys;
 
-use crate::compat;
+use crate::pg::compat;
 
 /// Whether `rel` has the columns, types and defaults of `sql/outbox.sql`, and nothing more: those
 /// of 0.5.0, or those of the versions before it (without `key`, `headers` and `lane`).

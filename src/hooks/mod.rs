@@ -1,0 +1,6 @@
+//! What the extension hooks into every backend of a server that preloads it: the utility hook
+//! (`utility.rs`), and what it does before a `DROP DATABASE` or a rename of a database the relay
+//! works in (`step_aside.rs`).
+
+mod step_aside;
+pub mod utility;
