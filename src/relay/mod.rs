@@ -16,6 +16,7 @@ mod claim;
 mod cursor;
 pub mod databases;
 mod extension;
+mod flush;
 mod hold;
 pub mod launcher;
 mod order;
@@ -42,6 +43,7 @@ use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerSta
 use backoff::{Backoff, Pacing};
 use databases::Selection;
 use extension::Extension;
+use flush::WalFlush;
 use retry::RetrySchedule;
 use settings::Settings;
 use worker::{in_transaction, End};
@@ -57,16 +59,6 @@ pub fn register_workers() {
 /// How long a worker that found no extension under `outbox.database = '*'` keeps the launcher
 /// from looking again.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(3);
-
-/// How long a relay that found no more events waits for the next commit before it flushes its
-/// own last commit: longer than the passes of a steady stream are apart (at most 8 ms, see
-/// `backoff.rs`), so that those never wait for a flush.
-const FLUSH_IF_IDLE_FOR: Duration = Duration::from_millis(20);
-
-/// How long a busy relay leaves its commits to the WAL writer at most before it flushes them
-/// itself: the default `wal_writer_delay`. A batch's markers stay in Redis until its commit is
-/// on disk, so this bounds how many pile up, whatever `wal_writer_delay` says.
-const FLUSH_AT_LEAST_EVERY: Duration = Duration::from_millis(200);
 
 /// Entry point of a relay worker, started by the launcher for slot `arg` in the database whose
 /// OID is the worker's extra.
@@ -151,11 +143,8 @@ struct Relay {
     /// When due delayed events were last moved into `outbox`, and whether that move was full.
     moved_at: Option<Instant>,
     moved_full: bool,
-    /// The end of the last commit record told to the Redis thread and not yet known on disk,
-    /// and since when the oldest such commit has waited.
-    unflushed: Option<(u64, Instant)>,
-    /// How far the WAL was last said to be on disk.
-    flushed_told: u64,
+    /// How far its commits are on disk, as told to the Redis thread.
+    flush: WalFlush,
     /// Failed attempts and dead letters of the transaction under way, counted once it commits.
     uncommitted: Counts,
 }
@@ -223,8 +212,7 @@ impl Relay {
             lanes: None,
             moved_at: None,
             moved_full: false,
-            unflushed: None,
-            flushed_told: 0,
+            flush: WalFlush::default(),
             uncommitted: Counts::default(),
         }
     }
@@ -280,7 +268,7 @@ impl Relay {
                             wait = wait.min(due_in);
                         }
                     }
-                    self.wait_for_commits(wait);
+                    self.flush.wait_for_commits(wait, &self.publisher);
                     let next = self.pacing.next_pass_at();
                     let now = Instant::now();
                     if now < next {
@@ -379,12 +367,9 @@ impl Relay {
         let committed_at = (end == End::Commit).then(worker::last_commit_end);
         self.publisher.transaction_ended(committed_at);
         if let Some(lsn) = committed_at {
-            self.unflushed = Some(match self.unflushed {
-                Some((told, since)) => (told.max(lsn), since),
-                None => (lsn, Instant::now()),
-            });
+            self.flush.committed(lsn);
         }
-        self.report_flushed(false);
+        self.flush.report(false, &self.publisher);
         if end != End::Commit {
             // Its events are unpublished again, below the cursor.
             self.start.forget();
@@ -409,53 +394,6 @@ impl Relay {
             Pass::Drained => WorkerState::Idle,
         });
         pass
-    }
-
-    /// Waits up to `wait` for a commit to wake the relay. While a commit of its own may not be
-    /// on disk, it first waits only [`FLUSH_IF_IDLE_FOR`]: under a steady stream a commit wakes
-    /// it sooner, and the WAL writer flushes in the background; otherwise it flushes that commit
-    /// itself, so that neither the batch nor its markers in Redis wait on the WAL writer while
-    /// the relay sleeps.
-    fn wait_for_commits(&mut self, wait: Duration) {
-        if self.unflushed.is_some() {
-            let first = wait.min(FLUSH_IF_IDLE_FOR);
-            if worker::wait_latch(first) {
-                return;
-            }
-            self.report_flushed(true);
-            worker::wait_latch(wait - first);
-        } else {
-            worker::wait_latch(wait);
-        }
-    }
-
-    /// Tells the Redis thread how far the WAL is on disk (and, with synchronous standbys, on
-    /// theirs), so that it deletes the markers of the batches whose commit is. The WAL writer flushes the relay's commits within
-    /// `wal_writer_delay`; with `flush`, or once a commit has waited [`FLUSH_AT_LEAST_EVERY`]
-    /// (`wal_writer_delay` may be set up to 10 s), the relay flushes its last commit itself.
-    fn report_flushed(&mut self, flush: bool) {
-        let Some((waiting, since)) = self.unflushed else {
-            return;
-        };
-        let mut flushed = worker::wal_flushed_to();
-        if flushed < waiting && (flush || since.elapsed() >= FLUSH_AT_LEAST_EVERY) {
-            worker::flush_wal(waiting);
-            flushed = worker::wal_flushed_to().max(waiting);
-        }
-        // With synchronous standbys, a commit is durable once they have it too: one promoted
-        // after a crash must find the markers of every batch whose mark it lacks.
-        if let Some(replicated) = worker::sync_standbys_flushed_to() {
-            flushed = flushed.min(replicated);
-        }
-        if flushed > self.flushed_told {
-            self.publisher.flushed(flushed);
-            self.flushed_told = flushed;
-        }
-        if flushed >= waiting {
-            self.unflushed = None;
-        }
-        // Else the wait keeps the start of the oldest commit reported unflushed: the relay's own
-        // flush may come early, never late.
     }
 
     /// This worker's place among its database's workers, and how many they are: what its share
