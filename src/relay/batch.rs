@@ -23,10 +23,6 @@ use crate::retention::ring;
 use crate::shmem::WorkerState;
 use crate::write::lane;
 
-/// How often the relay moves due delayed events into `outbox`, at most (and at least twice per
-/// `outbox.poll_interval`); at once again while a move finds a full batch.
-const MOVE_DUE_EVERY: Duration = Duration::from_millis(100);
-
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
 
@@ -79,27 +75,15 @@ impl Relay {
             return Batch::nothing(Pass::NoExtension);
         };
         let now = Instant::now();
-        let move_every = (self.settings.poll_interval / 2).min(MOVE_DUE_EVERY);
-        if self
-            .moved_at
-            .is_none_or(|at| now.duration_since(at) >= move_every || self.moved_full)
-        {
-            let moved = statements.move_due(batch_size, &scope.lanes);
-            self.moved_at = Some(now);
-            self.moved_full = moved.count == batch_size;
-            let renumbered = !moved.renumbered.is_empty();
-            for (delayed, id) in moved.renumbered {
-                warning!(
-                    "outbox relay {}: delayed event {delayed} is due, but outbox holds another \
-                     event with id {delayed} (ids used again): it goes into outbox as event {id}",
-                    self.index
-                );
-            }
-            if moved.count > 0 {
+        if self.delayed.due(now, self.settings.poll_interval) {
+            let moved =
+                self.delayed
+                    .move_due(now, statements, batch_size, &scope.lanes, self.index);
+            if moved.any {
                 // Their ids are older than the backlog's: claim from the lowest.
                 self.start.forget();
             }
-            if renumbered {
+            if moved.renumbered {
                 // Committed before any of them is published: the new id is the event's identity
                 // in Redis (its markers name it), and a pass that published it and then rolled
                 // back would move it again under another id, which no marker would catch. The

@@ -15,6 +15,7 @@ mod batch;
 mod claim;
 mod cursor;
 pub mod databases;
+mod delayed;
 mod extension;
 mod flush;
 mod hold;
@@ -42,6 +43,7 @@ use crate::retention::{prune, truncate};
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use databases::Selection;
+use delayed::DelayedMoves;
 use extension::Extension;
 use flush::WalFlush;
 use retry::RetrySchedule;
@@ -140,9 +142,8 @@ struct Relay {
     /// `start` knows holds for them alone.
     claiming_in: Option<pg_sys::Oid>,
     lanes: Option<std::ops::Range<i16>>,
-    /// When due delayed events were last moved into `outbox`, and whether that move was full.
-    moved_at: Option<Instant>,
-    moved_full: bool,
+    /// When due delayed events were last moved into `outbox`.
+    delayed: DelayedMoves,
     /// How far its commits are on disk, as told to the Redis thread.
     flush: WalFlush,
     /// Failed attempts and dead letters of the transaction under way, counted once it commits.
@@ -210,8 +211,7 @@ impl Relay {
             two_phase: worker::two_phase_commit_enabled(),
             claiming_in: None,
             lanes: None,
-            moved_at: None,
-            moved_full: false,
+            delayed: DelayedMoves::default(),
             flush: WalFlush::default(),
             uncommitted: Counts::default(),
         }
