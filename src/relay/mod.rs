@@ -28,6 +28,7 @@ mod session;
 mod settings;
 mod spare;
 mod sql;
+mod state;
 mod statements;
 pub mod worker;
 
@@ -48,6 +49,7 @@ use extension::Extension;
 use flush::WalFlush;
 use retry::RetrySchedule;
 use settings::Settings;
+use state::Status;
 use worker::{in_transaction, End};
 
 /// Registers the launcher, which starts the relay workers; called from `_PG_init` while
@@ -106,17 +108,14 @@ struct Relay {
     /// `outbox.database = '*'`: without the extension, the worker leaves (and the launcher looks
     /// again later) rather than waits.
     everywhere: bool,
-    /// Looking for the extension under '*', not yet announced in the log.
-    probing: bool,
     /// What the workers of this database share.
     share: &'static DatabaseShare,
-    /// This database's name.
-    database: String,
     slot: &'static WorkerSlot,
     settings: Settings,
     publisher: Publisher,
     extension: Extension,
-    state: WorkerState,
+    /// Its state, and what it has logged of it.
+    status: Status,
     pacing: Pacing,
     /// Where the next claim may start (see `cursor.rs`).
     start: cursor::ClaimStart,
@@ -191,15 +190,13 @@ impl Relay {
         }
         Relay {
             everywhere: probing,
-            probing,
             index,
             share,
-            database,
             slot,
             publisher: Publisher::spawn(settings.target.clone()),
             settings,
             extension: Extension::default(),
-            state: WorkerState::Starting,
+            status: Status::new(index, database, probing, slot),
             pacing: Pacing::new(Instant::now()),
             start: cursor::ClaimStart::default(),
             activity,
@@ -234,11 +231,11 @@ impl Relay {
                 prune::prune_if_due(self.share, retention, schema, self.index);
             }
             if matches!(pass, Pass::NoExtension) && self.extension.is_missing() && self.everywhere {
-                if !self.probing {
+                if !self.status.probing() {
                     log!(
                         "outbox relay {}: the extension is gone from database {}; stopping",
                         self.index,
-                        self.database
+                        self.status.database()
                     );
                 }
                 // Under '*', a database without the extension keeps no worker: the launcher
@@ -281,8 +278,12 @@ impl Relay {
     }
 
     fn exit(&mut self) -> ! {
-        self.set_state(WorkerState::Stopped);
-        worker::exit()
+        self.status.exit(&self.settings, self.extension.schema())
+    }
+
+    fn set_state(&mut self, state: WorkerState) {
+        self.status
+            .set(state, &self.settings, self.extension.schema());
     }
 
     /// Leaves when the launcher gave the slot away (the database is no longer selected) or the
@@ -294,7 +295,7 @@ impl Relay {
             log!(
                 "outbox relay {}: database {} is no longer in outbox.database; stopping",
                 self.index,
-                self.database
+                self.status.database()
             );
             self.exit();
         }
@@ -302,7 +303,7 @@ impl Relay {
             log!(
                 "outbox relay {}: leaving database {} for a DROP DATABASE or a rename",
                 self.index,
-                self.database
+                self.status.database()
             );
             self.exit();
         }
@@ -313,14 +314,17 @@ impl Relay {
         if !worker::reload_configuration() {
             return false;
         }
-        let settings = Settings::read(&self.settings.target.marker_namespace, &self.database);
+        let settings = Settings::read(
+            &self.settings.target.marker_namespace,
+            self.status.database(),
+        );
         if settings == self.settings {
             return false;
         }
         log!(
             "outbox relay {} reloaded: {}",
             self.index,
-            settings.describe(&self.database)
+            settings.describe(self.status.database())
         );
         let retarget = settings.target != self.settings.target;
         session::commit_without_waiting(settings.target.dedupe);
@@ -405,51 +409,5 @@ impl Relay {
             Some(shared) => shared.ordinal_of(self.index, database),
             None => (0, 1),
         }
-    }
-
-    fn set_state(&mut self, state: WorkerState) {
-        if self.state == state {
-            return;
-        }
-        let index = self.index;
-        let found = matches!(
-            state,
-            WorkerState::Idle
-                | WorkerState::Publishing
-                | WorkerState::Backoff
-                | WorkerState::Standby
-        );
-        if self.probing && found {
-            // Found: the worker stays, and says so.
-            self.probing = false;
-            log!(
-                "outbox relay {index} started: {}",
-                self.settings.describe(&self.database)
-            );
-        }
-        match state {
-            WorkerState::WaitingForExtension if self.probing => {}
-            WorkerState::WaitingForExtension => log!(
-                "outbox relay {index}: waiting for CREATE EXTENSION outbox in database {}",
-                self.database
-            ),
-            WorkerState::Standby => {
-                log!("outbox relay {index}: server is a standby; relaying starts on promotion")
-            }
-            // Found the extension: at start, after waiting for it, or on promotion.
-            _ if matches!(
-                self.state,
-                WorkerState::Starting | WorkerState::WaitingForExtension | WorkerState::Standby
-            ) =>
-            {
-                if let Some(schema) = self.extension.schema() {
-                    log!("outbox relay {index}: relaying from schema {schema}")
-                }
-            }
-            _ => {}
-        }
-        self.state = state;
-        self.slot.set_state(state);
-        worker::report_activity(state == WorkerState::Publishing);
     }
 }

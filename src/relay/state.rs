@@ -1,0 +1,99 @@
+//! The worker's state, as `outbox_workers` shows it and as the log tells its changes: a line
+//! when it starts waiting for the extension, finds it, or waits for a promotion, never one per
+//! pass. Under `outbox.database = '*'` a worker is quiet until it has found the extension.
+
+use pgrx::prelude::*;
+
+use super::schema::Schema;
+use super::settings::Settings;
+use super::worker;
+use crate::shmem::{WorkerSlot, WorkerState};
+
+/// What the worker is doing, and what it has said of it.
+pub struct Status {
+    index: usize,
+    /// This database's name.
+    database: String,
+    /// Looking for the extension under '*', not yet announced in the log.
+    probing: bool,
+    state: WorkerState,
+    slot: &'static WorkerSlot,
+}
+
+impl Status {
+    /// Worker `index` in `database`, starting; `probing` while it has not announced itself.
+    pub fn new(index: usize, database: String, probing: bool, slot: &'static WorkerSlot) -> Status {
+        Status {
+            index,
+            database,
+            probing,
+            state: WorkerState::Starting,
+            slot,
+        }
+    }
+
+    /// This database's name.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// Whether the worker is still looking for the extension under '*', unannounced.
+    pub fn probing(&self) -> bool {
+        self.probing
+    }
+
+    /// Sets the state shown in the worker's slot and `pg_stat_activity`, logging what changed:
+    /// the worker's start (with `settings`) once it has found the extension, and the schema
+    /// it relays from once it leaves a wait for the extension or a promotion.
+    pub fn set(&mut self, state: WorkerState, settings: &Settings, schema: Option<&Schema>) {
+        if self.state == state {
+            return;
+        }
+        let index = self.index;
+        let found = matches!(
+            state,
+            WorkerState::Idle
+                | WorkerState::Publishing
+                | WorkerState::Backoff
+                | WorkerState::Standby
+        );
+        if self.probing && found {
+            // Found: the worker stays, and says so.
+            self.probing = false;
+            log!(
+                "outbox relay {index} started: {}",
+                settings.describe(&self.database)
+            );
+        }
+        match state {
+            WorkerState::WaitingForExtension if self.probing => {}
+            WorkerState::WaitingForExtension => log!(
+                "outbox relay {index}: waiting for CREATE EXTENSION outbox in database {}",
+                self.database
+            ),
+            WorkerState::Standby => {
+                log!("outbox relay {index}: server is a standby; relaying starts on promotion")
+            }
+            // Found the extension: at start, after waiting for it, or on promotion.
+            _ if matches!(
+                self.state,
+                WorkerState::Starting | WorkerState::WaitingForExtension | WorkerState::Standby
+            ) =>
+            {
+                if let Some(schema) = schema {
+                    log!("outbox relay {index}: relaying from schema {schema}")
+                }
+            }
+            _ => {}
+        }
+        self.state = state;
+        self.slot.set_state(state);
+        worker::report_activity(state == WorkerState::Publishing);
+    }
+
+    /// Shows the worker stopped, and ends the process.
+    pub fn exit(&mut self, settings: &Settings, schema: Option<&Schema>) -> ! {
+        self.set(WorkerState::Stopped, settings, schema);
+        worker::exit()
+    }
+}
