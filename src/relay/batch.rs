@@ -4,23 +4,35 @@
 //! A large batch goes out in chunks: while Redis works on one chunk, the database marks it and
 //! claims the next, so the two work side by side. The transaction commits once every chunk is
 //! answered, and rolls back if Redis could not be used.
+//!
+//! A pass borrows what it needs of the relay ([`PassRun`]) for the one transaction: what it
+//! learns of the cursor, the failures and the schedules stays with the relay for the next.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use outbox_redis::encode::{self, Event, Ordering};
 use outbox_redis::outcome::Outcome;
-use outbox_redis::publish::{Interrupted, Reply};
+use outbox_redis::publish::{Interrupted, Publisher, Reply};
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::backoff::{self, Backoff};
 use super::claim::{self, Claimed, Failure, Scope};
-use super::cursor::{self, Reach, Verdict};
+use super::cursor::{self, ClaimStart, Reach, Verdict};
+use super::delayed::DelayedMoves;
+use super::extension::Extension;
+use super::hold::Sweep;
 use super::order::PassOrder;
-use super::retry::DueLook;
+use super::pass::Pass;
+use super::retry::{self, DueLook, FailingLook, RetrySchedule};
+use super::settings::Settings;
+use super::spare;
+use super::state::Status;
 use super::worker::{self, End};
-use super::{backoff, retry, spare, Pass, Relay};
 use crate::retention::ring;
-use crate::shmem::WorkerState;
+use crate::shmem::{Counts, EnqueueActivity, WorkerSlot, WorkerState};
 use crate::write::lane;
 
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
@@ -53,19 +65,44 @@ impl Batch {
     }
 }
 
-impl Relay {
+/// What one pass borrows of the relay: its settings and its link to Redis, and what it keeps
+/// from pass to pass (see the relay's fields for what each means).
+pub struct PassRun<'a> {
+    pub index: usize,
+    pub settings: &'a Settings,
+    pub extension: &'a mut Extension,
+    pub publisher: &'a Publisher,
+    /// Set to publishing while Redis works on a chunk; the worker exits through it.
+    pub status: &'a mut Status,
+    pub slot: &'static WorkerSlot,
+    pub activity: &'static EnqueueActivity,
+    pub start: &'a mut ClaimStart,
+    pub sweep: &'a mut Sweep,
+    pub failing: &'a mut FailingLook,
+    pub retries: &'a mut RetrySchedule,
+    pub backoff: &'a mut Backoff,
+    pub delayed: &'a mut DelayedMoves,
+    pub due_looked_at: &'a mut Option<Instant>,
+    pub two_phase: bool,
+    pub claiming_in: &'a mut Option<pg_sys::Oid>,
+    pub lanes: &'a mut Option<Range<i16>>,
+    /// Failed attempts and dead letters of this transaction, counted once it commits.
+    pub uncommitted: &'a mut Counts,
+}
+
+impl PassRun<'_> {
     /// One batch inside the caller's transaction; says how to end it.
-    pub(super) fn relay_batch(&mut self) -> Batch {
+    pub fn relay_batch(&mut self) -> Batch {
         let batch_size = self.settings.batch_size;
         let chunk = chunk_size(batch_size);
         let Some(extension) = self.extension.find(self.index).map(|s| s.extension) else {
             return Batch::nothing(Pass::NoExtension);
         };
-        if self.claiming_in != Some(extension) {
+        if *self.claiming_in != Some(extension) {
             // Another installation of the extension, another table: nothing known of it.
             self.start.forget();
             self.sweep.forget();
-            self.claiming_in = Some(extension);
+            *self.claiming_in = Some(extension);
         }
         let Some(mut scope) = self.scope() else {
             // A worker whose share this was is finishing its batch: wait for it.
@@ -119,7 +156,7 @@ impl Relay {
             let got = next.len();
             claimed += got;
             more_due |= next.more_due;
-            // Its blocked rows are held already (see `Relay::claim`).
+            // Its blocked rows are held already (see `PassRun::claim`).
             let Claimed {
                 mut events,
                 unreadable,
@@ -295,7 +332,7 @@ impl Relay {
         let now = Instant::now();
         let claimed = self.claim_at(now, limit, scope);
         if claimed.looked_due {
-            self.due_looked_at = Some(now);
+            *self.due_looked_at = Some(now);
         }
         if !claimed.blocked.is_empty() {
             if let Some(statements) = self.extension.statements() {
@@ -305,7 +342,7 @@ impl Relay {
         claimed
     }
 
-    /// [`Relay::claim`], at `now`.
+    /// [`PassRun::claim`], at `now`.
     fn claim_at(&mut self, now: Instant, limit: usize, scope: &Scope) -> Claimed {
         let Some(statements) = self.extension.statements() else {
             return Claimed::default();
@@ -325,7 +362,7 @@ impl Relay {
         };
         let due = DueLook::at(
             now,
-            self.due_looked_at,
+            *self.due_looked_at,
             self.settings.poll_interval,
             scope.failing,
         );
@@ -372,12 +409,12 @@ impl Relay {
     /// locks (`None` while another worker still does), and whether an event in them has failed
     /// (looked up as [`retry::FailingLook`] says).
     fn scope(&mut self) -> Option<Scope> {
-        let (ordinal, workers) = self.ordinal();
+        let (ordinal, workers) = ordinal(self.index);
         let share = lane::share(ordinal, workers);
         if self.lanes.as_ref() != Some(&share.lanes) {
             // Another worker may have had these lanes meanwhile, and left events anywhere.
             self.start.forget();
-            self.lanes = Some(share.lanes.clone());
+            *self.lanes = Some(share.lanes.clone());
         }
         if !claim::hold_groups(share.groups.clone()) {
             return None;
@@ -502,6 +539,26 @@ impl Relay {
             buried: released,
             released: unheld,
         }
+    }
+
+    fn set_state(&mut self, state: WorkerState) {
+        self.status
+            .set(state, self.settings, self.extension.schema());
+    }
+
+    fn exit(&mut self) -> ! {
+        self.status.exit(self.settings, self.extension.schema())
+    }
+}
+
+/// This worker's place among its database's workers, and how many they are: what its share
+/// of the lanes follows from.
+fn ordinal(index: usize) -> (usize, usize) {
+    // SAFETY: reads this process's database.
+    let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
+    match crate::shmem::shared() {
+        Some(shared) => shared.ordinal_of(index, database),
+        None => (0, 1),
     }
 }
 

@@ -21,6 +21,7 @@ mod flush;
 mod hold;
 pub mod launcher;
 mod order;
+mod pass;
 mod retry;
 mod rows;
 pub mod schema;
@@ -43,10 +44,12 @@ use crate::gucs;
 use crate::retention::{prune, truncate};
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
+use batch::PassRun;
 use databases::Selection;
 use delayed::DelayedMoves;
 use extension::Extension;
 use flush::WalFlush;
+use pass::Pass;
 use retry::RetrySchedule;
 use settings::Settings;
 use state::Status;
@@ -89,18 +92,6 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     session::pin_settings(&format!("outbox relay {index}"));
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
     Relay::new(index, share, slot, shared.activity(database)).run();
-}
-
-/// What one pass of the loop found.
-enum Pass {
-    /// A full batch went out: claim again at once.
-    Full,
-    /// Less than a full batch: wait for a wake-up or the poll.
-    Drained,
-    /// Redis is unreachable: wait this long, whatever wakes the latch.
-    RedisDown(Duration),
-    /// The extension does not exist (yet) in `outbox.database`, or the server is a standby.
-    NoExtension,
 }
 
 struct Relay {
@@ -360,7 +351,7 @@ impl Relay {
         }
         self.pacing.pass_started(Instant::now());
         let (pass, published, end) = in_transaction(|| {
-            let batch = self.relay_batch();
+            let batch = self.pass_run().relay_batch();
             if batch.end == End::Commit && batch.leaves != 0 {
                 // Before the commit that releases the rows' locks: whoever empties a partition
                 // takes its lock first, and then reads a time no earlier than its rows' marks.
@@ -400,14 +391,27 @@ impl Relay {
         pass
     }
 
-    /// This worker's place among its database's workers, and how many they are: what its share
-    /// of the lanes follows from.
-    fn ordinal(&self) -> (usize, usize) {
-        // SAFETY: reads this process's database.
-        let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
-        match crate::shmem::shared() {
-            Some(shared) => shared.ordinal_of(self.index, database),
-            None => (0, 1),
+    /// What one pass borrows of the relay, for its transaction.
+    fn pass_run(&mut self) -> PassRun<'_> {
+        PassRun {
+            index: self.index,
+            settings: &self.settings,
+            extension: &mut self.extension,
+            publisher: &self.publisher,
+            status: &mut self.status,
+            slot: self.slot,
+            activity: self.activity,
+            start: &mut self.start,
+            sweep: &mut self.sweep,
+            failing: &mut self.failing,
+            retries: &mut self.retries,
+            backoff: &mut self.backoff,
+            delayed: &mut self.delayed,
+            due_looked_at: &mut self.due_looked_at,
+            two_phase: self.two_phase,
+            claiming_in: &mut self.claiming_in,
+            lanes: &mut self.lanes,
+            uncommitted: &mut self.uncommitted,
         }
     }
 }
