@@ -174,11 +174,7 @@ impl PassRun<'_> {
             }
             order.admit(&mut events);
             if events.is_empty() {
-                next = if got == chunk && claimed < batch_size && !full_of_bytes {
-                    self.claim(chunk.min(batch_size - claimed), &scope)
-                } else {
-                    Claimed::default()
-                };
+                next = self.claim_next(got, chunk, claimed, full_of_bytes, &scope);
                 continue;
             }
             let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
@@ -193,11 +189,7 @@ impl PassRun<'_> {
             }
             // Written while Redis works; undone by the rollback if Redis fails.
             statements.mark_published(ids);
-            next = if got == chunk && claimed < batch_size && !full_of_bytes {
-                self.claim(chunk.min(batch_size - claimed), &scope)
-            } else {
-                Claimed::default()
-            };
+            next = self.claim_next(got, chunk, claimed, full_of_bytes, &scope);
             self.set_state(WorkerState::Publishing);
             let reply = match self.publisher.wait(SIGNAL_TICK, || {
                 worker::exit_if_postmaster_died();
@@ -321,6 +313,25 @@ impl PassRun<'_> {
             spare::release();
         }
         batch
+    }
+
+    /// The claim of the batch's next chunk, of the `claimed` so far: after a full chunk (`got`
+    /// events of `chunk`), while the batch has room and no claim read its fill of bytes; else
+    /// nothing, which ends the pass's claims.
+    fn claim_next(
+        &mut self,
+        got: usize,
+        chunk: usize,
+        claimed: usize,
+        full_of_bytes: bool,
+        scope: &Scope,
+    ) -> Claimed {
+        let batch_size = self.settings.batch_size;
+        if got == chunk && claimed < batch_size && !full_of_bytes {
+            self.claim(chunk.min(batch_size - claimed), scope)
+        } else {
+            Claimed::default()
+        }
     }
 
     /// Claims up to `limit` events of `scope`, past the last claim's reach while no transaction
