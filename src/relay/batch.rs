@@ -25,7 +25,7 @@ use super::delayed::DelayedMoves;
 use super::extension::Extension;
 use super::hold::Sweep;
 use super::order::PassOrder;
-use super::pass::Pass;
+use super::pass::{chunk_size, Batch, Pass};
 use super::retry::{self, DueLook, FailingLook, RetrySchedule};
 use super::settings::Settings;
 use super::spare;
@@ -37,33 +37,6 @@ use crate::write::lane;
 
 /// How often the main thread looks up from a Redis call to check for SIGTERM.
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
-
-/// Events per chunk of a batch: a batch goes out in up to two chunks of at least 50 events, so
-/// that the database's work on one chunk overlaps Redis's work on another; a small batch goes
-/// out whole.
-fn chunk_size(batch_size: usize) -> usize {
-    batch_size.div_ceil(2).max(50).min(batch_size.max(1))
-}
-
-/// What one transaction did.
-pub struct Batch {
-    pub pass: Pass,
-    pub published: u64,
-    /// The ring's partitions that hold the published events, as a bitmask.
-    pub leaves: u32,
-    pub end: End,
-}
-
-impl Batch {
-    fn nothing(pass: Pass) -> Batch {
-        Batch {
-            pass,
-            published: 0,
-            leaves: 0,
-            end: End::Commit,
-        }
-    }
-}
 
 /// What one pass borrows of the relay: its settings and its link to Redis, and what it keeps
 /// from pass to pass (see the relay's fields for what each means).
@@ -585,26 +558,4 @@ struct Freed {
 /// The lower of two ids, either of which may be missing.
 fn lowest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     a.into_iter().chain(b).min()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::chunk_size;
-
-    #[test]
-    fn a_batch_goes_out_in_at_most_two_chunks_of_fifty_or_more() {
-        for batch in (1..=10_000)
-            .step_by(7)
-            .chain([50, 99, 100, 200, 1000, 10_000])
-        {
-            let chunk = chunk_size(batch);
-            let chunks = batch.div_ceil(chunk);
-            assert!(chunks <= 2, "batch {batch}: {chunks} chunks of {chunk}");
-            assert!(
-                chunk >= 50.min(batch),
-                "batch {batch}: chunks of {chunk} events"
-            );
-            assert!(chunk <= batch, "batch {batch}: chunks of {chunk} events");
-        }
-    }
 }
