@@ -29,6 +29,7 @@ mod session;
 mod settings;
 mod spare;
 mod sql;
+mod start;
 mod state;
 mod statements;
 pub mod worker;
@@ -36,7 +37,6 @@ pub mod worker;
 use std::time::{Duration, Instant};
 
 use outbox_redis::publish::Publisher;
-use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -45,7 +45,6 @@ use crate::retention::{prune, truncate};
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use batch::PassRun;
-use databases::Selection;
 use delayed::DelayedMoves;
 use extension::Extension;
 use flush::WalFlush;
@@ -66,33 +65,6 @@ pub fn register_workers() {
 /// How long a worker that found no extension under `outbox.database = '*'` keeps the launcher
 /// from looking again.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(3);
-
-/// Entry point of a relay worker, started by the launcher for slot `arg` in the database whose
-/// OID is the worker's extra.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
-    // SAFETY: the launcher passes the slot as an Int32 datum.
-    let index = unsafe { i32::from_polymorphic_datum(arg, false, pg_sys::INT4OID) }
-        .unwrap_or(0)
-        .clamp(0, gucs::MAX_WORKERS - 1) as usize;
-    let database: u32 = BackgroundWorker::get_extra().parse().unwrap_or(0);
-    let Some((shared, slot)) = worker::attach(index, database) else {
-        // The launcher gave the slot to another database, or another process holds it.
-        worker::exit();
-    };
-    let now = worker::now();
-    let Some(share) = shared.database_or_take(database, now) else {
-        log!("outbox relay {index}: every shared entry for databases is taken");
-        worker::exit();
-    };
-    if share.is_paused(now) {
-        worker::exit();
-    }
-    session::pin_settings(&format!("outbox relay {index}"));
-    BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
-    Relay::new(index, share, slot, shared.activity(database)).run();
-}
 
 struct Relay {
     index: usize,
@@ -141,70 +113,6 @@ struct Relay {
 }
 
 impl Relay {
-    fn new(
-        index: usize,
-        share: &'static DatabaseShare,
-        slot: &'static WorkerSlot,
-        activity: &'static EnqueueActivity,
-    ) -> Relay {
-        // SAFETY: plain reads of process globals, after the database connection is made.
-        let namespace = unsafe {
-            format!(
-                "{}.{}",
-                pg_sys::GetSystemIdentifier(),
-                pg_sys::MyDatabaseId.to_u32()
-            )
-        };
-        let database = in_transaction(|| {
-            // SAFETY: a catalog lookup of this process's own database, in a transaction.
-            let name = unsafe {
-                let raw = pg_sys::get_database_name(pg_sys::MyDatabaseId);
-                if raw.is_null() {
-                    String::new()
-                } else {
-                    std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned()
-                }
-            };
-            (name, End::Commit)
-        });
-        let settings = Settings::read(&namespace, &database);
-        session::commit_without_waiting(settings.target.dedupe);
-        // Under '*', a worker that finds no extension leaves at once, and another looks again a
-        // few seconds later: it speaks only once it has found the extension.
-        let probing = !Selection::parse(&gucs::database())
-            .is_ok_and(|selection| selection.waits_for_extension());
-        if !probing {
-            log!(
-                "outbox relay {index} started: {}",
-                settings.describe(&database)
-            );
-        }
-        Relay {
-            everywhere: probing,
-            index,
-            share,
-            slot,
-            publisher: Publisher::spawn(settings.target.clone()),
-            settings,
-            extension: Extension::default(),
-            status: Status::new(index, database, probing, slot),
-            pacing: Pacing::new(Instant::now()),
-            start: cursor::ClaimStart::default(),
-            activity,
-            backoff: Backoff::default(),
-            retries: RetrySchedule::default(),
-            failing: retry::FailingLook::default(),
-            sweep: hold::Sweep::default(),
-            due_looked_at: None,
-            two_phase: worker::two_phase_commit_enabled(),
-            claiming_in: None,
-            lanes: None,
-            delayed: DelayedMoves::default(),
-            flush: WalFlush::default(),
-            uncommitted: Counts::default(),
-        }
-    }
-
     fn run(&mut self) -> ! {
         loop {
             if worker::shutdown_requested() {

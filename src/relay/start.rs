@@ -1,0 +1,120 @@
+//! A relay worker's start: the entry point the launcher names, which attaches the process to
+//! its slot and its database's share, pins its session settings and connects to the database;
+//! then the relay it runs.
+
+use std::time::Instant;
+
+use outbox_redis::publish::Publisher;
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use super::backoff::{Backoff, Pacing};
+use super::cursor::ClaimStart;
+use super::databases::Selection;
+use super::delayed::DelayedMoves;
+use super::extension::Extension;
+use super::flush::WalFlush;
+use super::hold::Sweep;
+use super::retry::{FailingLook, RetrySchedule};
+use super::session;
+use super::settings::Settings;
+use super::state::Status;
+use super::worker::{self, in_transaction, End};
+use super::Relay;
+use crate::gucs;
+use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot};
+
+/// Entry point of a relay worker, started by the launcher for slot `arg` in the database whose
+/// OID is the worker's extra.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
+    // SAFETY: the launcher passes the slot as an Int32 datum.
+    let index = unsafe { i32::from_polymorphic_datum(arg, false, pg_sys::INT4OID) }
+        .unwrap_or(0)
+        .clamp(0, gucs::MAX_WORKERS - 1) as usize;
+    let database: u32 = BackgroundWorker::get_extra().parse().unwrap_or(0);
+    let Some((shared, slot)) = worker::attach(index, database) else {
+        // The launcher gave the slot to another database, or another process holds it.
+        worker::exit();
+    };
+    let now = worker::now();
+    let Some(share) = shared.database_or_take(database, now) else {
+        log!("outbox relay {index}: every shared entry for databases is taken");
+        worker::exit();
+    };
+    if share.is_paused(now) {
+        worker::exit();
+    }
+    session::pin_settings(&format!("outbox relay {index}"));
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
+    relay(index, share, slot, shared.activity(database)).run();
+}
+
+/// The relay of worker `index` in the database the process is connected to: its settings read,
+/// its start logged (unless it is still looking for the extension under '*'), its Redis thread
+/// started.
+fn relay(
+    index: usize,
+    share: &'static DatabaseShare,
+    slot: &'static WorkerSlot,
+    activity: &'static EnqueueActivity,
+) -> Relay {
+    // SAFETY: plain reads of process globals, after the database connection is made.
+    let namespace = unsafe {
+        format!(
+            "{}.{}",
+            pg_sys::GetSystemIdentifier(),
+            pg_sys::MyDatabaseId.to_u32()
+        )
+    };
+    let database = in_transaction(|| {
+        // SAFETY: a catalog lookup of this process's own database, in a transaction.
+        let name = unsafe {
+            let raw = pg_sys::get_database_name(pg_sys::MyDatabaseId);
+            if raw.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned()
+            }
+        };
+        (name, End::Commit)
+    });
+    let settings = Settings::read(&namespace, &database);
+    session::commit_without_waiting(settings.target.dedupe);
+    // Under '*', a worker that finds no extension leaves at once, and another looks again a
+    // few seconds later: it speaks only once it has found the extension.
+    let probing =
+        !Selection::parse(&gucs::database()).is_ok_and(|selection| selection.waits_for_extension());
+    if !probing {
+        log!(
+            "outbox relay {index} started: {}",
+            settings.describe(&database)
+        );
+    }
+    Relay {
+        everywhere: probing,
+        index,
+        share,
+        slot,
+        publisher: Publisher::spawn(settings.target.clone()),
+        settings,
+        extension: Extension::default(),
+        status: Status::new(index, database, probing, slot),
+        pacing: Pacing::new(Instant::now()),
+        start: ClaimStart::default(),
+        activity,
+        backoff: Backoff::default(),
+        retries: RetrySchedule::default(),
+        failing: FailingLook::default(),
+        sweep: Sweep::default(),
+        due_looked_at: None,
+        two_phase: worker::two_phase_commit_enabled(),
+        claiming_in: None,
+        lanes: None,
+        delayed: DelayedMoves::default(),
+        flush: WalFlush::default(),
+        uncommitted: Counts::default(),
+    }
+}
