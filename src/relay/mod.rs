@@ -171,7 +171,9 @@ impl Relay {
                         std::thread::sleep(next - now);
                     }
                 }
-                Pass::RedisDown(delay) => self.sleep(delay),
+                // A change to the Redis settings ends the wait: a corrected URL or certificate is
+                // tried at once, not at the end of a backoff that may have grown to seconds.
+                Pass::RedisDown(delay) => worker::sleep(delay, || self.reload_if_requested()),
             }
         }
     }
@@ -188,67 +190,16 @@ impl Relay {
     /// Leaves when the launcher gave the slot away (the database is no longer selected) or the
     /// database is paused for a `DROP DATABASE` or a rename.
     fn leave_if_unwanted(&mut self) {
-        // SAFETY: reads this process's database.
-        let mine = unsafe { pg_sys::MyDatabaseId.to_u32() };
-        if self.slot.database() != mine {
-            log!(
-                "outbox relay {}: database {} is no longer in outbox.database; stopping",
-                self.index,
-                self.status.database()
-            );
-            self.exit();
-        }
-        if self.share.is_paused(worker::now()) {
-            log!(
-                "outbox relay {}: leaving database {} for a DROP DATABASE or a rename",
-                self.index,
-                self.status.database()
-            );
+        if self.status.unwanted(self.share) {
             self.exit();
         }
     }
 
     /// Reads the settings again after a SIGHUP; says whether the Redis target changed.
     fn reload_if_requested(&mut self) -> bool {
-        if !worker::reload_configuration() {
-            return false;
-        }
-        let settings = Settings::read(
-            &self.settings.target.marker_namespace,
-            self.status.database(),
-        );
-        if settings == self.settings {
-            return false;
-        }
-        log!(
-            "outbox relay {} reloaded: {}",
-            self.index,
-            settings.describe(self.status.database())
-        );
-        let retarget = settings.target != self.settings.target;
-        session::commit_without_waiting(settings.target.dedupe);
-        if retarget {
-            self.publisher.configure(settings.target.clone());
-        }
-        self.settings = settings;
-        retarget
-    }
-
-    /// Sleeps until `delay` has passed, waking only for SIGTERM and SIGHUP. A change to the Redis
-    /// settings ends the wait: a corrected URL or certificate is tried at once, not at the end
-    /// of a backoff that may have grown to seconds.
-    fn sleep(&mut self, delay: Duration) {
-        let deadline = Instant::now() + delay;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || worker::shutdown_requested() {
-                return;
-            }
-            worker::wait_latch(left);
-            if self.reload_if_requested() {
-                return;
-            }
-        }
+        let database = self.status.database();
+        self.settings
+            .reload_if_requested(self.index, database, &self.publisher)
     }
 
     /// One pass: a batch in a transaction of its own, then the bookkeeping once it has ended.

@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
+use outbox_redis::publish::Publisher;
 use outbox_redis::target::{Mode, Target, TlsFiles};
+use pgrx::prelude::*;
 
+use super::{session, worker};
 use crate::gucs;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +50,35 @@ impl Settings {
             max_attempts: gucs::max_attempts(),
             retention: gucs::retention(),
         }
+    }
+
+    /// Reads the settings again after a SIGHUP, logging them (as worker `index` of `database`)
+    /// when they changed and handing a changed Redis target to `publisher`; says whether the
+    /// Redis target changed.
+    pub fn reload_if_requested(
+        &mut self,
+        index: usize,
+        database: &str,
+        publisher: &Publisher,
+    ) -> bool {
+        if !worker::reload_configuration() {
+            return false;
+        }
+        let settings = Settings::read(&self.target.marker_namespace, database);
+        if settings == *self {
+            return false;
+        }
+        log!(
+            "outbox relay {index} reloaded: {}",
+            settings.describe(database)
+        );
+        let retarget = settings.target != self.target;
+        session::commit_without_waiting(settings.target.dedupe);
+        if retarget {
+            publisher.configure(settings.target.clone());
+        }
+        *self = settings;
+        retarget
     }
 
     /// The settings as the worker logs them (the URL holds no password).

@@ -2,12 +2,13 @@
 //! when it starts waiting for the extension, finds it, or waits for a promotion, never one per
 //! pass. Under `outbox.database = '*'` a worker is quiet until it has found the extension.
 
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::schema::Schema;
 use super::settings::Settings;
 use super::worker;
-use crate::shmem::{WorkerSlot, WorkerState};
+use crate::shmem::{DatabaseShare, WorkerSlot, WorkerState};
 
 /// What the worker is doing, and what it has said of it.
 pub struct Status {
@@ -40,6 +41,30 @@ impl Status {
     /// Whether the worker is still looking for the extension under '*', unannounced.
     pub fn probing(&self) -> bool {
         self.probing
+    }
+
+    /// Whether the launcher gave the slot away (the database is no longer selected) or the
+    /// database is paused for a `DROP DATABASE` or a rename (`share` says); logs why.
+    pub fn unwanted(&self, share: &DatabaseShare) -> bool {
+        // SAFETY: reads this process's database.
+        let mine = unsafe { pg_sys::MyDatabaseId.to_u32() };
+        if self.slot.database() != mine {
+            log!(
+                "outbox relay {}: database {} is no longer in outbox.database; stopping",
+                self.index,
+                self.database
+            );
+            return true;
+        }
+        if share.is_paused(worker::now()) {
+            log!(
+                "outbox relay {}: leaving database {} for a DROP DATABASE or a rename",
+                self.index,
+                self.database
+            );
+            return true;
+        }
+        false
     }
 
     /// Sets the state shown in the worker's slot and `pg_stat_activity`, logging what changed:

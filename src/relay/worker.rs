@@ -2,7 +2,7 @@
 //! transaction bracket that every statement of the relay runs in.
 
 use std::ffi::c_long;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
@@ -85,6 +85,22 @@ pub fn wait_latch(timeout: Duration) -> bool {
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
         set
+    }
+}
+
+/// Sleeps until `delay` has passed, waking only for SIGTERM and SIGHUP; a wake-up after which
+/// `reloaded` says true ends the sleep early.
+pub fn sleep(delay: Duration, mut reloaded: impl FnMut() -> bool) {
+    let deadline = Instant::now() + delay;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || shutdown_requested() {
+            return;
+        }
+        wait_latch(left);
+        if reloaded() {
+            return;
+        }
     }
 }
 
