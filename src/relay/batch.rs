@@ -9,7 +9,6 @@
 //! learns of the cursor, the failures and the schedules stays with the relay for the next.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use outbox_redis::encode::{self, Event, Ordering};
@@ -20,13 +19,13 @@ use pgrx::prelude::*;
 
 use super::backoff::{self, Backoff};
 use super::claim::{self, Claimed, Failure, Scope};
-use super::cursor::{self, ClaimStart, Reach, Verdict};
+use super::claims::Claims;
+use super::cursor::{self, Reach, Verdict};
 use super::delayed::DelayedMoves;
 use super::extension::Extension;
-use super::hold::Sweep;
 use super::order::PassOrder;
 use super::pass::{chunk_size, Batch, Pass};
-use super::retry::{self, DueLook, FailingLook, RetrySchedule};
+use super::retry::{self, DueLook, RetrySchedule};
 use super::settings::Settings;
 use super::spare;
 use super::state::Status;
@@ -49,16 +48,10 @@ pub struct PassRun<'a> {
     pub status: &'a mut Status,
     pub slot: &'static WorkerSlot,
     pub activity: &'static EnqueueActivity,
-    pub start: &'a mut ClaimStart,
-    pub sweep: &'a mut Sweep,
-    pub failing: &'a mut FailingLook,
+    pub claims: &'a mut Claims,
     pub retries: &'a mut RetrySchedule,
     pub backoff: &'a mut Backoff,
     pub delayed: &'a mut DelayedMoves,
-    pub due_looked_at: &'a mut Option<Instant>,
-    pub two_phase: bool,
-    pub claiming_in: &'a mut Option<pg_sys::Oid>,
-    pub lanes: &'a mut Option<Range<i16>>,
     /// Failed attempts and dead letters of this transaction, counted once it commits.
     pub uncommitted: &'a mut Counts,
 }
@@ -71,11 +64,11 @@ impl PassRun<'_> {
         let Some(extension) = self.extension.find(self.index).map(|s| s.extension) else {
             return Batch::nothing(Pass::NoExtension);
         };
-        if *self.claiming_in != Some(extension) {
+        if self.claims.claiming_in != Some(extension) {
             // Another installation of the extension, another table: nothing known of it.
-            self.start.forget();
-            self.sweep.forget();
-            *self.claiming_in = Some(extension);
+            self.claims.start.forget();
+            self.claims.sweep.forget();
+            self.claims.claiming_in = Some(extension);
         }
         let Some(mut scope) = self.scope() else {
             // A worker whose share this was is finishing its batch: wait for it.
@@ -91,7 +84,7 @@ impl PassRun<'_> {
                     .move_due(now, statements, batch_size, &scope.lanes, self.index);
             if moved.any {
                 // Their ids are older than the backlog's: claim from the lowest.
-                self.start.forget();
+                self.claims.start.forget();
             }
             if moved.renumbered {
                 // Committed before any of them is published: the new id is the event's identity
@@ -104,12 +97,13 @@ impl PassRun<'_> {
         // Whether held events were released in this pass.
         let mut unheld = false;
         if scope.failing {
-            if let Some(after) = self
-                .sweep
-                .due(&scope.lanes, now, self.settings.poll_interval)
+            if let Some(after) =
+                self.claims
+                    .sweep
+                    .due(&scope.lanes, now, self.settings.poll_interval)
             {
                 let entries = statements.sweep(batch_size, &scope.lanes, after);
-                let stuck = self.sweep.looked(now, batch_size, &entries);
+                let stuck = self.claims.sweep.looked(now, batch_size, &entries);
                 unheld |= self.release_behind(&stuck, &[]);
             }
         }
@@ -246,7 +240,7 @@ impl PassRun<'_> {
             }
             if !failures.is_empty() {
                 scope.failing = true;
-                self.failing.failed();
+                self.claims.failing.failed();
                 // Unmarked, and scheduled for later: the claims left in this transaction hold
                 // the later events of their keys.
                 let freed = self.charge_failures(failures);
@@ -259,12 +253,12 @@ impl PassRun<'_> {
         }
         if order.deferred() {
             // Events held back stay unpublished below the cursor.
-            self.start.forget();
+            self.claims.start.forget();
         } else if let Some(id) = released {
             // The claims passed by the later events of the keys of failed events while the
             // cursor moved on; now that those keys are free, the claims past the cursor start
             // below them again.
-            self.start.rewind(id);
+            self.claims.start.rewind(id);
         }
         if claimed == batch_size || full_of_bytes {
             batch.pass = Pass::Full;
@@ -316,7 +310,7 @@ impl PassRun<'_> {
         let now = Instant::now();
         let claimed = self.claim_at(now, limit, scope);
         if claimed.looked_due {
-            *self.due_looked_at = Some(now);
+            self.claims.due_looked_at = Some(now);
         }
         if !claimed.blocked.is_empty() {
             if let Some(statements) = self.extension.statements() {
@@ -334,19 +328,22 @@ impl PassRun<'_> {
         // Before the claim: what commits after it wrote is looked for again.
         let commits = self.activity.commits_to();
         let quiet = self.activity.quiet();
-        let above = self.start.above(quiet, &scope.lanes);
-        let below = self.start.below_due(now, self.settings.poll_interval);
+        let above = self.claims.start.above(quiet, &scope.lanes);
+        let below = self
+            .claims
+            .start
+            .below_due(now, self.settings.poll_interval);
         // From the lowest id: in every partition once per poll interval, while an event failed
         // (the claim that passes by its key's later events reads them all), and where a
         // `COMMIT PREPARED` may make events visible that no commit counted.
-        let reach = if below || scope.failing || self.two_phase {
+        let reach = if below || scope.failing || self.claims.two_phase {
             Reach::Everywhere
         } else {
-            self.start.reach(&commits, &scope.lanes)
+            self.claims.start.reach(&commits, &scope.lanes)
         };
         let due = DueLook::at(
             now,
-            *self.due_looked_at,
+            self.claims.due_looked_at,
             self.settings.poll_interval,
             scope.failing,
         );
@@ -362,19 +359,19 @@ impl PassRun<'_> {
             // later one it took. Claimed again from every partition, this transaction's rows
             // with the rest.
             if cursor::moved_elsewhere(&commits, &self.activity.commits_to(), leaf) {
-                self.start.forget();
+                self.claims.start.forget();
                 return statements.claim(limit, None, false, Reach::Everywhere, due, scope);
             }
         }
         if (above.is_none() && reach == Reach::Everywhere) || (below && claimed.len() < limit) {
-            self.start.looked_below(now);
+            self.claims.start.looked_below(now);
         }
         // A claim that passed by the events behind a failed key found too few only for now:
         // once that key's event is out, they are claimable where no commit has written since.
         if above.is_none() && claimed.len() < limit && !scope.failing {
-            self.start.exhausted(reach, &commits, &scope.lanes);
+            self.claims.start.exhausted(reach, &commits, &scope.lanes);
         }
-        let verdict = self.start.claimed(
+        let verdict = self.claims.start.claimed(
             quiet,
             self.activity.started(),
             above,
@@ -395,24 +392,24 @@ impl PassRun<'_> {
     fn scope(&mut self) -> Option<Scope> {
         let (ordinal, workers) = ordinal(self.index);
         let share = lane::share(ordinal, workers);
-        if self.lanes.as_ref() != Some(&share.lanes) {
+        if self.claims.lanes.as_ref() != Some(&share.lanes) {
             // Another worker may have had these lanes meanwhile, and left events anywhere.
-            self.start.forget();
-            *self.lanes = Some(share.lanes.clone());
+            self.claims.start.forget();
+            self.claims.lanes = Some(share.lanes.clone());
         }
         if !claim::hold_groups(share.groups.clone()) {
             return None;
         }
         let now = Instant::now();
-        if self.failing.stale(&share.lanes, now) {
+        if self.claims.failing.stale(&share.lanes, now) {
             if let Some(statements) = self.extension.statements() {
                 let failing = statements.any_failing(&share.lanes);
-                self.failing.looked(&share.lanes, now, failing);
+                self.claims.failing.looked(&share.lanes, now, failing);
             }
         }
         Some(Scope {
             lanes: share.lanes,
-            failing: self.failing.failing(),
+            failing: self.claims.failing.failing(),
         })
     }
 
@@ -447,7 +444,7 @@ impl PassRun<'_> {
             any |= !statements.release(anchor, buried).is_empty();
         }
         if any {
-            self.start.forget();
+            self.claims.start.forget();
         }
         any
     }

@@ -13,6 +13,7 @@
 pub mod backoff;
 mod batch;
 mod claim;
+mod claims;
 mod cursor;
 pub mod databases;
 mod delayed;
@@ -37,7 +38,6 @@ pub mod worker;
 use std::time::{Duration, Instant};
 
 use outbox_redis::publish::Publisher;
-use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::gucs;
@@ -45,6 +45,7 @@ use crate::retention::{prune, truncate};
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
 use batch::PassRun;
+use claims::Claims;
 use delayed::DelayedMoves;
 use extension::Extension;
 use flush::WalFlush;
@@ -80,30 +81,12 @@ struct Relay {
     /// Its state, and what it has logged of it.
     status: Status,
     pacing: Pacing,
-    /// Where the next claim may start (see `cursor.rs`).
-    start: cursor::ClaimStart,
+    /// What its claims remember from pass to pass: the cursor, the lanes, failures.
+    claims: Claims,
     /// The count of this database's enqueueing transactions.
     activity: &'static EnqueueActivity,
     backoff: Backoff,
     retries: RetrySchedule,
-    /// Whether an event in this worker's lanes had failed when last looked, over which lanes,
-    /// and when that was.
-    failing: retry::FailingLook,
-    /// Where the look for held events whose key has nothing before them stands (see `hold.rs`).
-    sweep: hold::Sweep,
-    /// When a claim last looked for events whose retry is due. Only the relay schedules retries,
-    /// and an event it charged counts as failing (`attempts > 0`) until it is out: while
-    /// nothing in its lanes is failing, a pass looks for due events once per
-    /// `outbox.poll_interval`, as the poll would (for a `next_attempt_at` set by hand), rather
-    /// than with every claim (an index scan per partition each time).
-    due_looked_at: Option<Instant>,
-    /// Whether a `COMMIT PREPARED` can make events visible (see `cursor.rs`): then every claim
-    /// from the lowest id reads every partition.
-    two_phase: bool,
-    /// The extension the last pass claimed in, and the lanes of this worker's share then: what
-    /// `start` knows holds for them alone.
-    claiming_in: Option<pg_sys::Oid>,
-    lanes: Option<std::ops::Range<i16>>,
     /// When due delayed events were last moved into `outbox`.
     delayed: DelayedMoves,
     /// How far its commits are on disk, as told to the Redis thread.
@@ -156,7 +139,10 @@ impl Relay {
                         wait,
                         Instant::now(),
                         self.settings.poll_interval,
-                        &[self.start.looked_below_at(), self.due_looked_at],
+                        &[
+                            self.claims.start.looked_below_at(),
+                            self.claims.due_looked_at,
+                        ],
                     );
                     // Awake when a partition comes due, to empty it then.
                     if let Some(retention) = self.settings.retention {
@@ -226,7 +212,7 @@ impl Relay {
         self.flush.report(false, &self.publisher);
         if end != End::Commit {
             // Its events are unpublished again, below the cursor.
-            self.start.forget();
+            self.claims.start.forget();
         }
         self.pacing.pass_ended(published);
         let counts = std::mem::take(&mut self.uncommitted);
@@ -260,16 +246,10 @@ impl Relay {
             status: &mut self.status,
             slot: self.slot,
             activity: self.activity,
-            start: &mut self.start,
-            sweep: &mut self.sweep,
-            failing: &mut self.failing,
+            claims: &mut self.claims,
             retries: &mut self.retries,
             backoff: &mut self.backoff,
             delayed: &mut self.delayed,
-            due_looked_at: &mut self.due_looked_at,
-            two_phase: self.two_phase,
-            claiming_in: &mut self.claiming_in,
-            lanes: &mut self.lanes,
             uncommitted: &mut self.uncommitted,
         }
     }

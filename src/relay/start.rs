@@ -10,13 +10,12 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::backoff::{Backoff, Pacing};
-use super::cursor::ClaimStart;
+use super::claims::Claims;
 use super::databases::Selection;
 use super::delayed::DelayedMoves;
 use super::extension::Extension;
 use super::flush::WalFlush;
-use super::hold::Sweep;
-use super::retry::{FailingLook, RetrySchedule};
+use super::retry::RetrySchedule;
 use super::session;
 use super::settings::Settings;
 use super::state::Status;
@@ -103,16 +102,10 @@ fn relay(
         extension: Extension::default(),
         status: Status::new(index, database, probing, slot),
         pacing: Pacing::new(Instant::now()),
-        start: ClaimStart::default(),
+        claims: Claims::new(worker::two_phase_commit_enabled()),
         activity,
         backoff: Backoff::default(),
         retries: RetrySchedule::default(),
-        failing: FailingLook::default(),
-        sweep: Sweep::default(),
-        due_looked_at: None,
-        two_phase: worker::two_phase_commit_enabled(),
-        claiming_in: None,
-        lanes: None,
         delayed: DelayedMoves::default(),
         flush: WalFlush::default(),
         uncommitted: Counts::default(),
