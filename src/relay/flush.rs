@@ -29,8 +29,19 @@ pub struct WalFlush {
 }
 
 impl WalFlush {
+    /// Tells the Redis thread how the transaction holding the chunks sent since the last call
+    /// ended (committed, its commit record ending at `committed_at`, or rolled back), then how
+    /// far the WAL is on disk.
+    pub fn transaction_ended(&mut self, committed_at: Option<u64>, publisher: &Publisher) {
+        publisher.transaction_ended(committed_at);
+        if let Some(lsn) = committed_at {
+            self.committed(lsn);
+        }
+        self.report(false, publisher);
+    }
+
     /// Takes note of a commit whose record ends at `lsn`.
-    pub fn committed(&mut self, lsn: u64) {
+    fn committed(&mut self, lsn: u64) {
         self.unflushed = Some(match self.unflushed {
             Some((told, since)) => (told.max(lsn), since),
             None => (lsn, Instant::now()),
@@ -59,7 +70,7 @@ impl WalFlush {
     /// theirs), so that it deletes the markers of the batches whose commit is. The WAL writer flushes the relay's commits within
     /// `wal_writer_delay`; with `flush`, or once a commit has waited [`FLUSH_AT_LEAST_EVERY`]
     /// (`wal_writer_delay` may be set up to 10 s), the relay flushes its last commit itself.
-    pub fn report(&mut self, flush: bool, publisher: &Publisher) {
+    fn report(&mut self, flush: bool, publisher: &Publisher) {
         let Some((waiting, since)) = self.unflushed else {
             return;
         };

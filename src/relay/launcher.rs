@@ -29,8 +29,16 @@ const RESTART_AFTER: Duration = Duration::from_secs(1);
 /// How often the launcher looks at the databases when nothing wakes it.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
-/// Registers the launcher; called from `_PG_init` while preloading.
-pub fn register() {
+/// Registers the launcher, which starts the relay workers; called from `_PG_init` while
+/// preloading.
+pub fn register_workers() {
+    if gucs::workers() > 0 {
+        register();
+    }
+}
+
+/// Registers the launcher.
+fn register() {
     BackgroundWorkerBuilder::new("outbox launcher")
         .set_type("outbox launcher")
         .set_library("outbox")

@@ -38,9 +38,7 @@ pub mod worker;
 use std::time::{Duration, Instant};
 
 use outbox_redis::publish::Publisher;
-use pgrx::prelude::*;
 
-use crate::gucs;
 use crate::retention::{prune, truncate};
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
@@ -55,13 +53,7 @@ use settings::Settings;
 use state::Status;
 use worker::{in_transaction, End};
 
-/// Registers the launcher, which starts the relay workers; called from `_PG_init` while
-/// preloading.
-pub fn register_workers() {
-    if gucs::workers() > 0 {
-        launcher::register();
-    }
-}
+pub use launcher::register_workers;
 
 /// How long a worker that found no extension under `outbox.database = '*'` keeps the launcher
 /// from looking again.
@@ -113,13 +105,7 @@ impl Relay {
                 prune::prune_if_due(self.share, retention, schema, self.index);
             }
             if matches!(pass, Pass::NoExtension) && self.extension.is_missing() && self.everywhere {
-                if !self.status.probing() {
-                    log!(
-                        "outbox relay {}: the extension is gone from database {}; stopping",
-                        self.index,
-                        self.status.database()
-                    );
-                }
+                self.status.extension_gone();
                 // Under '*', a database without the extension keeps no worker: the launcher
                 // looks again in a few seconds.
                 self.share
@@ -205,11 +191,7 @@ impl Relay {
             ((batch.pass, batch.published, batch.end), batch.end)
         });
         let committed_at = (end == End::Commit).then(worker::last_commit_end);
-        self.publisher.transaction_ended(committed_at);
-        if let Some(lsn) = committed_at {
-            self.flush.committed(lsn);
-        }
-        self.flush.report(false, &self.publisher);
+        self.flush.transaction_ended(committed_at, &self.publisher);
         if end != End::Commit {
             // Its events are unpublished again, below the cursor.
             self.claims.start.forget();

@@ -38,9 +38,16 @@ impl Status {
         &self.database
     }
 
-    /// Whether the worker is still looking for the extension under '*', unannounced.
-    pub fn probing(&self) -> bool {
-        self.probing
+    /// Logs that the extension is gone and the worker stops, unless the worker never said it
+    /// had found it.
+    pub fn extension_gone(&self) {
+        if !self.probing {
+            log!(
+                "outbox relay {}: the extension is gone from database {}; stopping",
+                self.index,
+                self.database
+            );
+        }
     }
 
     /// Whether the launcher gave the slot away (the database is no longer selected) or the
