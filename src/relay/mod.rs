@@ -114,39 +114,42 @@ impl Relay {
             }
             match pass {
                 Pass::Full => {}
-                Pass::Drained | Pass::NoExtension => {
-                    let mut wait = self
-                        .retries
-                        .wait(Instant::now(), self.settings.poll_interval);
-                    // Awake for the next look into every partition, and for events whose
-                    // retry is due, once per poll interval from the last, whatever passes
-                    // commits woke meanwhile.
-                    wait = cursor::until_next_look(
-                        wait,
-                        Instant::now(),
-                        self.settings.poll_interval,
-                        &[
-                            self.claims.start.looked_below_at(),
-                            self.claims.due_looked_at,
-                        ],
-                    );
-                    // Awake when a partition comes due, to empty it then.
-                    if let Some(retention) = self.settings.retention {
-                        if let Some(due_in) = truncate::wait_for_due(self.share, retention) {
-                            wait = wait.min(due_in);
-                        }
-                    }
-                    self.flush.wait_for_commits(wait, &self.publisher);
-                    let next = self.pacing.next_pass_at();
-                    let now = Instant::now();
-                    if now < next {
-                        std::thread::sleep(next - now);
-                    }
-                }
+                Pass::Drained | Pass::NoExtension => self.wait_for_work(),
                 // A change to the Redis settings ends the wait: a corrected URL or certificate is
                 // tried at once, not at the end of a backoff that may have grown to seconds.
                 Pass::RedisDown(delay) => worker::sleep(delay, || self.reload_if_requested()),
             }
+        }
+    }
+
+    /// Waits for a commit to wake the relay, or for the next poll, due retry, look into every
+    /// partition or partition to empty, then keeps the passes' spacing (see `backoff.rs`).
+    fn wait_for_work(&mut self) {
+        let mut wait = self
+            .retries
+            .wait(Instant::now(), self.settings.poll_interval);
+        // Awake for the next look into every partition, and for events whose retry is due, once
+        // per poll interval from the last, whatever passes commits woke meanwhile.
+        wait = cursor::until_next_look(
+            wait,
+            Instant::now(),
+            self.settings.poll_interval,
+            &[
+                self.claims.start.looked_below_at(),
+                self.claims.due_looked_at,
+            ],
+        );
+        // Awake when a partition comes due, to empty it then.
+        if let Some(retention) = self.settings.retention {
+            if let Some(due_in) = truncate::wait_for_due(self.share, retention) {
+                wait = wait.min(due_in);
+            }
+        }
+        self.flush.wait_for_commits(wait, &self.publisher);
+        let next = self.pacing.next_pass_at();
+        let now = Instant::now();
+        if now < next {
+            std::thread::sleep(next - now);
         }
     }
 
