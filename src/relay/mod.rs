@@ -5,10 +5,13 @@
 //! Redis has answered, and rolls back if it could not be reached: a mark never outlives a failed
 //! publish. A crash before the commit publishes the batch again instead of losing it (and with
 //! `outbox.dedupe` the markers in Redis absorb the repeat). Failures are logged when the
-//! worker's situation changes, never once per retry. This file holds the loop; `batch.rs` one
-//! pass's transaction, `worker.rs` the process's plumbing; the Redis thread is the outbox-redis
-//! crate's `publish.rs`. The relay's SQL is in `sql.rs`, prepared once in `statements.rs`; the
-//! rows a claim took are read in `claim.rs`.
+//! worker's situation changes, never once per retry. This file holds the loop; `start.rs` the
+//! worker's start, `batch.rs` one pass's transaction (`pass.rs` what it returns), `claims.rs`
+//! what claims remember between passes, `delayed.rs` the moves of due delayed events,
+//! `flush.rs` the WAL flushes told to the Redis thread, `state.rs` the worker's state and its
+//! log lines, `worker.rs` the process's plumbing; the Redis thread is the outbox-redis crate's
+//! `publish.rs`. The relay's SQL is in `sql.rs`, prepared once in `statements.rs`; the rows a
+//! claim took are read in `claim.rs`.
 
 pub mod backoff;
 mod batch;
@@ -59,6 +62,7 @@ pub use launcher::register_workers;
 /// from looking again.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(3);
 
+/// One worker's relay: what it keeps from pass to pass, each concern in a struct of its own.
 struct Relay {
     index: usize,
     /// `outbox.database = '*'`: without the extension, the worker leaves (and the launcher looks
