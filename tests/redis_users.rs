@@ -112,8 +112,16 @@ fn a_password_in_the_redis_url_is_refused() {
         .unwrap_err();
     assert_eq!(sqlstate(&error), "22023", "{error:?}");
 
-    // In the configuration file, at a reload: the relay keeps nothing of it and waits.
+    // In the configuration file, at a reload: the relay keeps nothing of it and waits. Events
+    // committed before the worker has taken the reload in go to the URL it had, so the events
+    // follow the reload.
     pg.set(&[("outbox.redis_url", with_password.as_str())]);
+    assert!(
+        wait_until(Duration::from_secs(20), || pg
+            .log()
+            .contains("redis_url=(refused: it holds a password)")),
+        "the relay did not take the reload in"
+    );
     enqueue_many(&mut admin, "refused", 2);
     assert!(
         wait_until(Duration::from_secs(20), || pg.worker_state().0 == "backoff"),
