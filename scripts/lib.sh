@@ -44,9 +44,10 @@ export PG_CONFIG PG_MAJOR
 # The cargo features that build the extension for that major.
 CARGO_FEATURES=(--no-default-features --features "pg$PG_MAJOR")
 
-# prometheus-postgres-exporter: the metrics test runs Debian's exporter with contrib/'s queries.
+# prometheus-postgres-exporter: the metrics test runs Debian's exporter with contrib/'s queries;
+# dpkg-dev: dpkg-shlibdeps, which names the package's library dependencies (make package).
 APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo openssl
-  prometheus-postgres-exporter)
+  prometheus-postgres-exporter dpkg-dev)
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
   APT_PACKAGES+=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR")
 elif [ "$PG_MAJOR" = 17 ]; then
