@@ -106,15 +106,8 @@ pub(super) unsafe extern "C-unwind" fn check_database(
     _extra: *mut *mut c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook, with a NUL-terminated value or null.
-    let value = unsafe {
-        let ptr = *newval;
-        if ptr.is_null() {
-            &[][..]
-        } else {
-            CStr::from_ptr(ptr).to_bytes()
-        }
-    };
+    // SAFETY: called by PostgreSQL as a string check hook.
+    let value = unsafe { candidate_bytes(newval) };
     match Selection::parse(value) {
         Ok(_) => true,
         Err(why) => {
