@@ -1,11 +1,14 @@
-//! The Redis thread's connection: opening it (and checking that Redis answers), loading the
-//! dedupe script, and sending a chunk, with the isolation of an event that breaks the
-//! connection while Redis itself stays reachable.
+//! The Redis thread's connection: opening it (checking that Redis answers, and what its servers
+//! can do), loading the dedupe script, and sending a chunk, with the isolation of an event that
+//! breaks the connection while Redis itself stays reachable.
+
+use std::collections::HashSet;
 
 use crate::link::{self, describe, Link};
 use crate::one_by_one::OneByOne;
 use crate::outcome::{Answer, Failed, Outcome};
-use crate::pipeline::{self, Chunk, ScriptCall, DEDUPE_SCRIPT};
+use crate::pipeline::{self, Chunk, ScriptCall, Shape, DEDUPE_SCRIPT};
+use crate::server::{self, Features, InUse};
 use crate::target::Target;
 
 /// A link to Redis, and what it was opened for.
@@ -13,9 +16,15 @@ pub struct Connection {
     /// The target's settings that the link depends on.
     opened_for: Target,
     link: Link,
-    /// Whether the dedupe script is loaded (only needed, and only asked for, with dedupe on and
+    /// Whether the dedupe script is loaded (only needed, and only asked for, with markers and
     /// one server; a cluster is sent the script whole).
     script_loaded: bool,
+    /// What every node written to can do, asked when the link opened.
+    pub features: Features,
+    /// Streams whose IDMP window this connection has seen to.
+    configured: HashSet<String>,
+    /// How the last chunk was deduplicated.
+    pub in_use: Option<InUse>,
 }
 
 /// Whether a link opened for `old` serves `new`: the settings that shape the Redis side of a
@@ -34,10 +43,15 @@ fn same_link(old: &Target, new: &Target) -> bool {
 
 /// Opens a link and checks that Redis answers on it.
 fn connect(target: &Target) -> Result<Connection, String> {
+    let mut link = link::open(target)?;
+    let features = server::features(&link.servers());
     Ok(Connection {
         opened_for: target.clone(),
-        link: link::open(target)?,
+        link,
         script_loaded: false,
+        features,
+        configured: HashSet::new(),
+        in_use: None,
     })
 }
 
@@ -145,11 +159,14 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
     let Some(connection) = slot.as_mut() else {
         return Err(Failed::Refused("no Redis connection".into()));
     };
-    if target.dedupe {
+    let in_use = server::choose(target.dedupe, &connection.features).map_err(Failed::Refused)?;
+    connection.in_use = Some(in_use);
+    if in_use == InUse::Markers {
         if let Err(e) = load_script(connection) {
             *slot = None;
             return Err(Failed::Refused(format!(
-                "cannot load the dedupe script (outbox.dedupe needs EVALSHA and SCRIPT LOAD): {e}"
+                "cannot load the dedupe script (dedupe with markers needs EVALSHA and SCRIPT \
+                 LOAD): {e}"
             )));
         }
     }
@@ -158,7 +175,12 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
     } else {
         ScriptCall::BySha
     };
-    let built = pipeline::build(chunk, script);
+    let shape = Shape {
+        dedupe: in_use,
+        acked: target.stream_trim_acked && connection.features.acked,
+        configured: &connection.configured,
+    };
+    let built = pipeline::build(chunk, script, &shape);
     let layout = built.layout;
     let (values, resent) = match connection.link.pipeline(built.commands, built.ignored) {
         Ok(answer) => answer,
@@ -180,6 +202,9 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
         }
         failure
     })?;
+    if let Some(connection) = slot.as_mut() {
+        connection.configured.extend(layout.configuring.iter().cloned());
+    }
     let wanted = target.wait_replicas;
     if wanted > 0 && resent {
         // Slots moved under the chunk: a WAIT now goes by the new map, and may ask a node whose

@@ -16,7 +16,8 @@
 -- chunk, and after a crash.
 -- KEYS[1]             the stream
 -- KEYS[2s], KEYS[2s+1] run s's marker hash of the current period, and of the period before
--- ARGV[1]             MAXLEN ~ bound, 0 for none
+-- ARGV[1]             MAXLEN ~ bound, 0 for none; followed by 'a' to trim with ACKED (Redis 8.2+:
+--                     entries a consumer group has not acknowledged stay)
 -- ARGV[2]             when the current period's hashes expire, in Unix milliseconds
 -- ARGV[3]             the events' topic
 -- ARGV[4]             one character per event: '-' for neither key nor headers, 'k' for a
@@ -30,7 +31,9 @@
 -- (a string, not an error reply: a cluster client would fail the whole reply); an empty array
 -- when every event is in the stream. An event with a marker was added by an earlier call whose
 -- transaction never committed: it is not added again.
-local maxlen = tonumber(ARGV[1])
+local bound, acked = string.match(ARGV[1], '^(%d+)(a?)$')
+local maxlen = tonumber(bound)
+local trim = acked == 'a' and 'ACKED' or nil
 local expires_at = ARGV[2]
 local topic = ARGV[3]
 local shapes = ARGV[4]
@@ -133,7 +136,9 @@ for r = 1, runs do
       local entry
       if key or headers then
         local args = {'XADD', stream}
-        if maxlen > 0 then
+        if trim and maxlen > 0 then
+          args[3], args[4], args[5], args[6] = trim, 'MAXLEN', '~', maxlen
+        elseif maxlen > 0 then
           args[3], args[4], args[5] = 'MAXLEN', '~', maxlen
         end
         local a = #args
@@ -149,6 +154,9 @@ for r = 1, runs do
           args[a + 1], args[a + 2] = 'headers', headers
         end
         entry = xadd(unpack(args))
+      elseif trim and maxlen > 0 then
+        entry = xadd('XADD', stream, trim, 'MAXLEN', '~', maxlen, '*', 'id', id, 'topic', topic,
+          'payload', payload, 'created_at', stamp)
       elseif maxlen > 0 then
         entry = xadd('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'id', id, 'topic', topic,
           'payload', payload, 'created_at', stamp)

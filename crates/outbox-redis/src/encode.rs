@@ -19,6 +19,10 @@ pub struct Event {
     pub key: Option<String>,
     /// The headers' JSON text, if any.
     pub headers: Option<String>,
+    /// The group of the event's lane (see the extension's `write/lane.rs`): the same for the
+    /// event whichever worker relays it, and relayed by one worker at a time. It names the
+    /// event's IDMP producer.
+    pub group: u16,
 }
 
 impl Event {
@@ -247,6 +251,7 @@ pub fn sample_event(id: i64, topic: &str) -> Event {
         attempts: 0,
         key: None,
         headers: None,
+        group: 0,
     }
 }
 
@@ -281,6 +286,7 @@ mod tests {
             attempts: 0,
             key: None,
             headers: None,
+            group: 0,
         };
         let names: Vec<&str> = e.fields().iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["id", "topic", "payload", "created_at"]);

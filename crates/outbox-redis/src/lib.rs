@@ -10,12 +10,16 @@
 //! - `outcome`: what Redis made of a chunk (`Outcome`, `Markers`, `Answer`, `Failed`).
 //! - `redis_url`, `password_file`: the URLs of `outbox.redis_url`, and the password files.
 //! - `one_by_one`: a key's order in a chunk sent again event by event.
+//! - `server`: what the servers can do (IDMP, `ACKED` trimming), from `INFO`, and so how the
+//!   relay deduplicates.
+//! - `idmp`: deduplication by Redis itself: producers, identities, the streams' windows.
 //! - `link`: the link per mode (one server, Sentinel, Cluster; TLS), and its pipelines.
 //! - `pipeline`: the commands of one round trip, with the dedupe script, and their replies.
 //! - `connection`: a chunk sent on a link, and an event that breaks the connection isolated.
 //! - `publish`: the publisher thread, and the channel the worker's main thread drives it by.
 
 mod connection;
+pub mod idmp;
 pub mod encode;
 mod link;
 mod one_by_one;
@@ -24,4 +28,5 @@ mod password_file;
 mod pipeline;
 pub mod publish;
 pub mod redis_url;
+pub mod server;
 pub mod target;

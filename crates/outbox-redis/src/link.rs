@@ -17,6 +17,7 @@ use redis::{
     ServerError, TlsCertificates, TlsMode, Value,
 };
 
+use crate::server::{parse_info, Server};
 use crate::target::{Mode, Target, TlsFiles};
 use crate::{password_file, redis_url};
 
@@ -262,6 +263,30 @@ impl Link {
     /// have loaded them, and the cluster pipeline does not take `EVALSHA`.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Link::Cluster(_))
+    }
+
+    /// What `INFO server` says of each node written to (each primary of a cluster): `None` for
+    /// all when the user may not run `INFO` or a node does not answer it.
+    pub fn servers(&mut self) -> Vec<Option<Server>> {
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        let reply = match self {
+            Link::Node(connection) => info.query::<Value>(connection),
+            Link::Cluster(connection) => connection.route_command(
+                &info,
+                RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+            ),
+        };
+        let text = |value: &Value| match value {
+            Value::BulkString(bytes) => parse_info(&String::from_utf8_lossy(bytes)),
+            Value::VerbatimString { text, .. } => parse_info(text),
+            _ => None,
+        };
+        match reply {
+            Ok(Value::Map(nodes)) => nodes.iter().map(|(_, value)| text(value)).collect(),
+            Ok(value) => vec![text(&value)],
+            Err(_) => vec![None],
+        }
     }
 
     /// Runs a command on its own (on a cluster, routed by its key).

@@ -1,9 +1,10 @@
 //! One round trip to Redis as a pipeline: the commands that publish a chunk of events (the
-//! dedupe script per stream, or plain XADDs), the deletion of markers whose batch committed, and
-//! how the replies map back to events. No I/O here.
+//! dedupe script per stream, or plain XADDs, with IDMP or without), the deletion of markers
+//! whose batch committed, the streams' IDMP windows and trimming by age, and how the replies map
+//! back to events. No I/O here.
 
 use std::collections::hash_map::RandomState;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -14,7 +15,9 @@ use redis::{Cmd, Value};
 use crate::encode::{
     group_by_stream, key_slot, marker_key, marker_period, rfc3339, shard_runs, stream_key, Event,
 };
+use crate::idmp;
 use crate::outcome::{Answer, Failed, Markers, Outcome};
+use crate::server::InUse;
 use crate::target::Target;
 
 pub const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
@@ -93,8 +96,24 @@ pub fn is_server_wide(code: &str) -> bool {
     )
 }
 
+/// What the connection a chunk goes out on can do and has done.
+pub struct Shape<'a> {
+    pub dedupe: InUse,
+    /// Whether every node trims with `ACKED` (and `outbox.stream_trim_acked` asks for it).
+    pub acked: bool,
+    /// Streams whose IDMP window this connection has seen to.
+    pub configured: &'a HashSet<String>,
+}
+
 /// How the pipeline's replies map back to events: per command, the batch positions it covers.
 pub struct Layout {
+    /// Replies to read before the events' (IDMP windows, trimming by age), which fail the chunk
+    /// only with a server-wide error.
+    leading: usize,
+    /// The streams whose window the leading commands see to.
+    pub configuring: Vec<String>,
+    /// Whether the events' commands are dedupe script calls.
+    script: bool,
     commands: Vec<Vec<usize>>,
     markers: Vec<Markers>,
     /// The hash slots of the streams written, for `WAIT` on a cluster (gathered only then).
@@ -117,7 +136,17 @@ pub struct Commands {
     pub layout: Layout,
 }
 
-pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
+/// `XADD`'s trimming arguments, where it trims.
+fn trim_args(cmd: &mut Cmd, target: &Target, acked: bool) {
+    if target.stream_maxlen > 0 {
+        if acked {
+            cmd.arg("ACKED");
+        }
+        cmd.arg("MAXLEN").arg("~").arg(target.stream_maxlen);
+    }
+}
+
+pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
     let target = chunk.target;
     let mut commands = Vec::with_capacity(chunk.cleanup.len() + chunk.events.len());
     for markers in chunk.cleanup {
@@ -129,11 +158,35 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
     // The slots written matter only to a WAIT after the chunk.
     let waits = target.wait_replicas > 0;
     let mut layout = Layout {
+        leading: 0,
+        configuring: Vec::new(),
+        script: shape.dedupe == InUse::Markers,
         commands: Vec::new(),
         markers: Vec::new(),
         slots: BTreeSet::new(),
     };
-    if target.dedupe {
+    if shape.dedupe == InUse::Idmp || !target.stream_max_age.is_zero() {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let oldest_ms = now_ms.saturating_sub(target.stream_max_age.as_millis() as u64);
+        for (stream, _) in group_by_stream(&target.stream_prefix, chunk.events) {
+            if shape.dedupe == InUse::Idmp && !shape.configured.contains(&stream) {
+                commands.push(idmp::configure(&stream, target.dedupe_ttl));
+                layout.configuring.push(stream.clone());
+            }
+            if !target.stream_max_age.is_zero() {
+                let mut trim = redis::cmd("XTRIM");
+                trim.arg(&stream).arg("MINID").arg("~").arg(oldest_ms);
+                if shape.acked {
+                    trim.arg("ACKED");
+                }
+                commands.push(trim);
+            }
+        }
+        layout.leading = commands.len() - ignored;
+    }
+    if layout.script {
         let ttl_ms = target.dedupe_ttl.as_millis() as u64;
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -178,8 +231,9 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
                 });
             }
             let topic = &chunk.events[positions[0]].topic;
-            let shapes: String = positions.iter().map(|&p| shape(&chunk.events[p])).collect();
-            cmd.arg(target.stream_maxlen)
+            let shapes: String = positions.iter().map(|&p| optional_fields(&chunk.events[p])).collect();
+            let acked = if shape.acked { "a" } else { "" };
+            cmd.arg(format!("{}{acked}", target.stream_maxlen))
                 .arg(period.expires_at_ms)
                 .arg(topic)
                 .arg(shapes)
@@ -221,8 +275,11 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
             }
             let mut cmd = redis::cmd("XADD");
             cmd.arg(stream);
-            if target.stream_maxlen > 0 {
-                cmd.arg("MAXLEN").arg("~").arg(target.stream_maxlen);
+            trim_args(&mut cmd, target, shape.acked);
+            if shape.dedupe == InUse::Idmp {
+                cmd.arg("IDMP")
+                    .arg(idmp::producer(&target.marker_namespace, event.group))
+                    .arg(idmp::identity(event.id, event.created_at));
             }
             cmd.arg("*");
             for (name, value) in event.fields() {
@@ -241,7 +298,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall) -> Commands {
 
 /// How the dedupe script learns which of an event's optional fields follow its payload and
 /// created_at: `-` neither, `k` its key, `h` its headers, `b` both (key first).
-fn shape(event: &Event) -> char {
+fn optional_fields(event: &Event) -> char {
     match (&event.key, &event.headers) {
         (None, None) => '-',
         (Some(_), None) => 'k',
@@ -265,15 +322,24 @@ pub fn closes_connection(value: &Value) -> bool {
 /// Turns the pipeline's replies into per-event results. A server-wide error anywhere makes the
 /// whole batch unavailable, so that no event is charged an attempt for it.
 pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer, Failed> {
-    if values.len() != layout.commands.len() {
+    if values.len() != layout.leading + layout.commands.len() {
         return Err(Failed::Broken(format!(
             "Redis answered {} replies to {} commands",
             values.len(),
-            layout.commands.len()
+            layout.leading + layout.commands.len()
         )));
     }
+    let mut values = values.into_iter();
+    for value in values.by_ref().take(layout.leading) {
+        // A key that is not a stream is the XADDs' to report, per event.
+        if let Value::ServerError(e) = value {
+            if is_server_wide(e.code()) {
+                return Err(Failed::Refused(reply_error(&e)));
+            }
+        }
+    }
     let mut results = vec![Outcome::Added; chunk.events.len()];
-    for (value, positions) in values.into_iter().zip(&layout.commands) {
+    for (value, positions) in values.zip(&layout.commands) {
         match value {
             Value::ServerError(e) => {
                 let message = reply_error(&e);
@@ -284,7 +350,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                     results[p] = Outcome::Failed(message.clone());
                 }
             }
-            Value::Array(items) if chunk.target.dedupe => {
+            Value::Array(items) if layout.script => {
                 // Pairs of an event's position in the script's share (from 1) and the error
                 // XADD gave it; the events not named are in the stream.
                 if items.len() % 2 != 0 {
@@ -319,7 +385,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                     results[p] = Outcome::Failed(message);
                 }
             }
-            Value::BulkString(_) | Value::SimpleString(_) if !chunk.target.dedupe => {}
+            Value::BulkString(_) | Value::SimpleString(_) if !layout.script => {}
             other => {
                 return Err(Failed::Broken(format!(
                     "unexpected reply from Redis: {other:?}"
@@ -337,14 +403,14 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
 mod tests {
     use super::*;
     use crate::encode::sample_event as event;
-    use crate::target::Mode;
+    use crate::target::{Dedupe, Mode};
     use std::time::Duration;
 
     fn reply(resp: &[u8]) -> Value {
         redis::parse_redis_value(resp).expect("not RESP")
     }
 
-    fn target(dedupe: bool) -> Target {
+    fn target(dedupe: Dedupe) -> Target {
         Target {
             url: "redis://127.0.0.1".into(),
             mode: Mode::Standalone,
@@ -357,9 +423,19 @@ mod tests {
             timeout: Duration::from_secs(1),
             stream_prefix: String::new(),
             stream_maxlen: 0,
+            stream_max_age: Duration::ZERO,
+            stream_trim_acked: false,
             dedupe,
             dedupe_ttl: Duration::from_secs(1),
             marker_namespace: "t".into(),
+        }
+    }
+
+    fn shape(dedupe: InUse) -> Shape<'static> {
+        Shape {
+            dedupe,
+            acked: false,
+            configured: Box::leak(Box::default()),
         }
     }
 
@@ -373,10 +449,10 @@ mod tests {
 
     #[test]
     fn a_key_error_fails_its_events_and_a_refusal_fails_the_chunk() {
-        let target = target(false);
+        let target = target(Dedupe::Off);
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
         let chunk = chunk_of(&target, &events);
-        let layout = build(&chunk, ScriptCall::BySha).layout;
+        let layout = build(&chunk, ScriptCall::BySha, &shape(InUse::Off)).layout;
         let added = || reply(b"$3\r\n1-1\r\n");
         let wrongtype = || reply(b"-WRONGTYPE Operation against a key\r\n");
         let Ok(answer) = read(&chunk, &layout, vec![wrongtype(), added(), wrongtype()]) else {
@@ -412,14 +488,14 @@ mod tests {
 
     #[test]
     fn the_script_gets_the_topic_once_and_optional_fields_only_when_set() {
-        let target = target(true);
+        let target = target(Dedupe::Markers);
         let mut events = [event(1, "a"), event(2, "a"), event(3, "a"), event(4, "a")];
         events[1].key = Some("k2".into());
         events[2].key = Some("k3".into());
         events[2].headers = Some("h3".into());
         events[3].headers = Some("h4".into());
         let chunk = chunk_of(&target, &events);
-        let commands = build(&chunk, ScriptCall::BySha);
+        let commands = build(&chunk, ScriptCall::BySha, &shape(InUse::Markers));
         assert_eq!(commands.commands.len(), 1);
         let args = args(&commands.commands[0]);
         // EVALSHA, the digest, 3 keys (the stream, one run's two marker hashes).
@@ -441,11 +517,11 @@ mod tests {
 
     #[test]
     fn the_script_names_the_events_it_refused() {
-        let target = target(true);
+        let target = target(Dedupe::Markers);
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
         let chunk = chunk_of(&target, &events);
         // One call per stream: a gets events 1 and 3, b event 2.
-        let layout = build(&chunk, ScriptCall::BySha).layout;
+        let layout = build(&chunk, ScriptCall::BySha, &shape(InUse::Markers)).layout;
         let none = || reply(b"*0\r\n");
         let Ok(answer) = read(&chunk, &layout, vec![none(), none()]) else {
             panic!("an empty reply failed the chunk");
@@ -481,6 +557,74 @@ mod tests {
                 Err(Failed::Broken(_))
             ));
         }
+    }
+
+    #[test]
+    fn idmp_names_the_lane_group_and_the_event_and_sizes_new_streams_first() {
+        let mut target = target(Dedupe::Auto);
+        target.stream_maxlen = 1000;
+        let mut events = [event(7, "a"), event(8, "b"), event(9, "a")];
+        events[0].group = 3;
+        events[0].created_at = 1_000;
+        let chunk = chunk_of(&target, &events);
+        let configured: HashSet<String> = ["b".to_string()].into();
+        let shape = Shape {
+            dedupe: InUse::Idmp,
+            acked: true,
+            configured: &configured,
+        };
+        let built = build(&chunk, ScriptCall::BySha, &shape);
+        // The window of "a" (`dedupe_ttl` of a second), which this connection has not seen to,
+        // then one XADD per event.
+        assert_eq!(built.layout.configuring, ["a"]);
+        assert_eq!(built.commands.len(), 4);
+        assert_eq!(args(&built.commands[0])[0], "EVAL");
+        assert_eq!(args(&built.commands[0])[3..], ["a", "1", "10000"]);
+        let first = args(&built.commands[1]);
+        assert_eq!(
+            first[..10],
+            ["XADD", "a", "ACKED", "MAXLEN", "~", "1000", "IDMP", "t:3", "7-1000", "*"]
+        );
+        // The window's reply is not an event's: a key error there is left to the XADDs, a
+        // server-wide one refuses the chunk.
+        let added = || reply(b"$3\r\n1-1\r\n");
+        let wrongtype = || reply(b"-WRONGTYPE Operation against a key\r\n");
+        let Ok(answer) = read(
+            &chunk,
+            &built.layout,
+            vec![wrongtype(), added(), added(), added()],
+        ) else {
+            panic!("the window's key error failed the chunk");
+        };
+        assert_eq!(answer.results, vec![Outcome::Added; 3]);
+        let noperm = reply(b"-NOPERM no permissions to run the 'xcfgset' command\r\n");
+        assert!(matches!(
+            read(&chunk, &built.layout, vec![noperm, added(), added(), added()]),
+            Err(Failed::Refused(error)) if error.starts_with("NOPERM")
+        ));
+        assert!(matches!(
+            read(&chunk, &built.layout, vec![added(), added(), added()]),
+            Err(Failed::Broken(_))
+        ));
+    }
+
+    #[test]
+    fn trimming_by_age_comes_before_the_events_once_per_stream() {
+        let mut target = target(Dedupe::Off);
+        target.stream_max_age = Duration::from_secs(60);
+        let events = [event(1, "a"), event(2, "a")];
+        let chunk = chunk_of(&target, &events);
+        let built = build(&chunk, ScriptCall::BySha, &shape(InUse::Off));
+        assert_eq!(built.commands.len(), 3);
+        let trim = args(&built.commands[0]);
+        assert_eq!(trim[..4], ["XTRIM", "a", "MINID", "~"]);
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let oldest: u64 = trim[4].parse().unwrap();
+        assert!(oldest <= now_ms - 60_000 && oldest > now_ms - 70_000, "{oldest}");
+        assert_eq!(args(&built.commands[1])[..3], ["XADD", "a", "*"]);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! moment if none comes. Until then a crash that loses the commit finds them, and they absorb the
 //! batch's republication, as the markers of a rolled-back batch do.
 
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ use crate::connection::{self, Connection};
 use crate::encode::Event;
 use crate::outcome::{Markers, Outcome};
 use crate::pipeline::Chunk;
+use crate::server::InUse;
 use crate::target::Target;
 
 /// How long the thread waits for another chunk before it deletes committed markers alone.
@@ -55,10 +57,23 @@ pub enum Interrupted {
     Stopped,
 }
 
+/// What the Redis thread last found of the servers it writes to, for the worker to show and
+/// to log when it changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Found {
+    /// How the last chunk was deduplicated.
+    pub dedupe: Option<InUse>,
+    /// The servers written to, as `INFO` names them.
+    pub servers: String,
+    /// Whether every one of them trims with `ACKED`.
+    pub acked: bool,
+}
+
 /// The main thread's end of the channel to the Redis thread.
 pub struct Publisher {
     commands: Sender<Command>,
     replies: Receiver<Reply>,
+    found: Arc<Mutex<Found>>,
 }
 
 impl Publisher {
@@ -68,13 +83,24 @@ impl Publisher {
         // The thread is born with every signal blocked (a thread inherits its creator's mask):
         // blocking them only once it runs left a moment in which a SIGTERM could land there,
         // and PostgreSQL's handler may only run on the main thread.
+        let found = Arc::new(Mutex::new(Found::default()));
+        let shared = Arc::clone(&found);
         let previous = block_signals();
         let spawned = thread::Builder::new()
             .name("outbox-redis".into())
-            .spawn(move || RedisSide::new(target).serve(incoming, outgoing));
+            .spawn(move || RedisSide::new(target, shared).serve(incoming, outgoing));
         restore_signals(&previous);
         spawned.expect("could not start the Redis thread");
-        Publisher { commands, replies }
+        Publisher {
+            commands,
+            replies,
+            found,
+        }
+    }
+
+    /// What the Redis thread last found of the servers (nothing before its first chunk).
+    pub fn found(&self) -> Found {
+        self.found.lock().map(|f| f.clone()).unwrap_or_default()
     }
 
     /// Hands new settings to the Redis thread.
@@ -142,11 +168,14 @@ struct RedisSide {
     committed: Vec<Markers>,
     /// Whether deleting them alone failed: then they wait for the next chunk's round trip.
     cleanup_failed: bool,
+    /// Shared with [`Publisher::found`].
+    found: Arc<Mutex<Found>>,
 }
 
 impl RedisSide {
-    fn new(target: Target) -> RedisSide {
+    fn new(target: Target, found: Arc<Mutex<Found>>) -> RedisSide {
         RedisSide {
+            found,
             target,
             connection: None,
             in_flight: Vec::new(),
@@ -196,7 +225,17 @@ impl RedisSide {
             events: &events,
             cleanup: &self.committed,
         };
-        match connection::publish(&mut self.connection, &chunk) {
+        let result = connection::publish(&mut self.connection, &chunk);
+        if let Some(connection) = &self.connection {
+            if let Ok(mut found) = self.found.lock() {
+                *found = Found {
+                    dedupe: connection.in_use,
+                    servers: connection.features.servers.clone(),
+                    acked: connection.features.acked,
+                };
+            }
+        }
+        match result {
             Ok(answer) => {
                 self.committed.clear();
                 self.cleanup_failed = false;

@@ -34,10 +34,35 @@ pub struct Target {
     pub timeout: Duration,
     pub stream_prefix: String,
     pub stream_maxlen: u64,
-    pub dedupe: bool,
+    /// Entries older than this are trimmed (`XTRIM ... MINID`); zero keeps them.
+    pub stream_max_age: Duration,
+    /// Trimming keeps the entries a consumer group has not acknowledged, where Redis can.
+    pub stream_trim_acked: bool,
+    pub dedupe: Dedupe,
+    /// How long a crash's republication is absorbed: the markers' lifetime, or IDMP's window.
     pub dedupe_ttl: Duration,
-    /// Tells apart databases sharing a Redis in marker hash keys.
+    /// Tells apart databases sharing a Redis: in marker hash keys, and IDMP's producer ids.
     pub marker_namespace: String,
+}
+
+/// `outbox.dedupe`: how a batch republished after a crash is kept out of the streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedupe {
+    /// IDMP where every node written to has it (Redis 8.6.2 or later), markers elsewhere.
+    Auto,
+    /// Marker hashes kept by the dedupe script (any Redis 6.2+ or Valkey).
+    Markers,
+    /// Redis's own idempotent production (`XADD ... IDMP`); refused where Redis lacks it.
+    Idmp,
+    /// No deduplication: a crash between publishing and marking duplicates the batch.
+    Off,
+}
+
+impl Dedupe {
+    /// Whether anything absorbs a republished batch.
+    pub fn is_on(self) -> bool {
+        self != Dedupe::Off
+    }
 }
 
 /// PEM files for `rediss://`; empty strings are unset.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{event, publish, target, wait_until, Redis};
 use outbox_redis::outcome::Outcome;
 use outbox_redis::publish::{Publisher, Reply};
-use outbox_redis::target::Mode;
+use outbox_redis::target::{Dedupe, Mode};
 
 /// What Redis made of a batch that it answered for.
 fn outcomes(reply: Reply) -> Vec<Outcome> {
@@ -25,7 +25,7 @@ fn outcomes(reply: Reply) -> Vec<Outcome> {
 #[test]
 fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
     let redis = Redis::start();
-    for (prefix, dedupe) in [("plain:", false), ("dedupe:", true)] {
+    for (prefix, dedupe) in [("plain:", Dedupe::Off), ("dedupe:", Dedupe::Markers)] {
         let publisher = Publisher::spawn(target(&redis.url(), prefix, dedupe));
         let mut events = vec![event(1, "orders"), event(2, "orders"), event(3, "users")];
         events[1].key = Some("order-2".into());
@@ -59,7 +59,7 @@ fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
                     ("headers", r#"{"traceparent": "00-1-2-01"}"#),
                 ]),
             ],
-            "dedupe = {dedupe}"
+            "dedupe = {dedupe:?}"
         );
         assert_eq!(
             redis.entries(&format!("{prefix}users")),
@@ -70,10 +70,10 @@ fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
                 ("created_at", stamp),
                 ("headers", r#"{"h": 1}"#),
             ])],
-            "dedupe = {dedupe}"
+            "dedupe = {dedupe:?}"
         );
         // Markers only with dedupe on.
-        assert_eq!(redis.markers(prefix) > 0, dedupe);
+        assert_eq!(redis.markers(prefix) > 0, dedupe.is_on());
     }
 }
 
@@ -83,7 +83,7 @@ fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
 #[test]
 fn a_batch_published_again_with_dedupe_on_adds_nothing() {
     let redis = Redis::start();
-    let publisher = Publisher::spawn(target(&redis.url(), "app:", true));
+    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Markers));
     let batch = || vec![event(1, "orders"), event(2, "orders"), event(65, "orders")];
     assert!(outcomes(publish(&publisher, batch()))
         .iter()
@@ -123,7 +123,7 @@ fn a_batch_published_again_with_dedupe_on_adds_nothing() {
 #[test]
 fn a_stopped_redis_is_unavailable_and_a_restarted_one_works_again() {
     let mut redis = Redis::start();
-    let publisher = Publisher::spawn(target(&redis.url(), "", true));
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Markers));
     assert_eq!(
         outcomes(publish(&publisher, vec![event(1, "orders")])),
         [Outcome::Added]
@@ -149,7 +149,7 @@ fn a_stopped_redis_is_unavailable_and_a_restarted_one_works_again() {
 /// relay's main thread to log; no server is needed to find that out.
 #[test]
 fn settings_the_link_cannot_use_are_reported_not_logged() {
-    let mut settings = target("redis://127.0.0.1:1,redis://127.0.0.1:2", "", false);
+    let mut settings = target("redis://127.0.0.1:1,redis://127.0.0.1:2", "", Dedupe::Off);
     let publisher = Publisher::spawn(settings.clone());
     match publish(&publisher, vec![event(1, "orders")]) {
         Reply::Unavailable(error) => assert!(

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::fs;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use outbox_redis::encode::Event;
 use outbox_redis::publish::{Publisher, Reply};
-use outbox_redis::target::{Mode, Target, TlsFiles};
+use outbox_redis::target::{Dedupe, Mode, Target, TlsFiles};
 
 /// The server program the tests start: `redis-server`, or another that speaks its protocol
 /// (Valkey's `valkey-server`) named by `OUTBOX_TEST_REDIS_SERVER`, as for the extension's tests.
@@ -121,6 +122,16 @@ impl Redis {
             .collect()
     }
 
+    /// The `id` field of each entry of `stream`, in stream order.
+    pub fn ids(&self, stream: &str) -> Vec<i64> {
+        let entries: Vec<(String, HashMap<String, String>)> =
+            self.query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"));
+        entries
+            .iter()
+            .map(|(_, fields)| fields["id"].parse().expect("id not a number"))
+            .collect()
+    }
+
     pub fn xlen(&self, stream: &str) -> usize {
         self.query(redis::cmd("XLEN").arg(stream))
     }
@@ -158,7 +169,7 @@ impl Drop for Redis {
 
 /// The settings of a relay publishing to the one server at `url`, into streams named
 /// `<prefix><topic>`.
-pub fn target(url: &str, prefix: &str, dedupe: bool) -> Target {
+pub fn target(url: &str, prefix: &str, dedupe: Dedupe) -> Target {
     Target {
         url: url.to_string(),
         mode: Mode::Standalone,
@@ -171,6 +182,8 @@ pub fn target(url: &str, prefix: &str, dedupe: bool) -> Target {
         timeout: Duration::from_secs(2),
         stream_prefix: prefix.to_string(),
         stream_maxlen: 0,
+        stream_max_age: Duration::ZERO,
+        stream_trim_acked: false,
         dedupe,
         dedupe_ttl: Duration::from_secs(3600),
         marker_namespace: "42.5".into(),
@@ -190,6 +203,7 @@ pub fn event(id: i64, topic: &str) -> Event {
         attempts: 0,
         key: None,
         headers: None,
+        group: 0,
     }
 }
 

@@ -1,0 +1,68 @@
+//! Deduplication by Redis itself (`outbox.dedupe = idmp`, or `auto` where every node runs Redis
+//! 8.6.2 or later): each `XADD` names a producer and the event's identity (`IDMP <producer>
+//! <id>`), and Redis adds an entry for an identity only once while its stream's window holds it.
+//! No marker keys, no script per chunk, and in a cluster nothing but the stream in its slot.
+//!
+//! What a crash can send again is what the relay published and had not durably marked: the
+//! batch in flight and the commits not yet flushed. The producer is the event's lane group (as
+//! the extension's lanes define it), which one worker relays at a time whatever the number of
+//! workers, and which is the same after a restart or a failover; the relay keeps what it has
+//! published and not flushed under half of [`WINDOW_IDS`] plus a batch (see the extension's
+//! `relay/flush.rs`), so the window of each producer and stream holds all of it. The window's
+//! duration is `outbox.dedupe_ttl`, at most the 24 hours Redis allows.
+
+use std::time::Duration;
+
+/// Ids a stream's window keeps per producer: the most Redis allows.
+pub const WINDOW_IDS: u64 = 10_000;
+/// The longest window Redis allows, in seconds.
+const LONGEST_WINDOW_S: u64 = 24 * 3600;
+
+/// The script that gives a stream its window; see the file.
+pub const CONFIG_SCRIPT: &str = include_str!("idmp_config.lua");
+
+/// The window's duration for `outbox.dedupe_ttl`, in seconds.
+pub fn window_seconds(ttl: Duration) -> u64 {
+    ttl.as_secs().clamp(1, LONGEST_WINDOW_S)
+}
+
+/// The producer of an event in lane group `group` of the database `namespace` names.
+pub fn producer(namespace: &str, group: u16) -> String {
+    format!("{namespace}:{group}")
+}
+
+/// An event's identity: its id and `created_at` (microseconds), as ids can be used again.
+pub fn identity(id: i64, created_at: i64) -> String {
+    format!("{id}-{created_at}")
+}
+
+/// The command that sizes `stream`'s window, before the first XADD to it on a connection.
+pub fn configure(stream: &str, ttl: Duration) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(CONFIG_SCRIPT)
+        .arg(1)
+        .arg(stream)
+        .arg(window_seconds(ttl))
+        .arg(WINDOW_IDS);
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_follows_the_ttl_within_what_redis_allows() {
+        assert_eq!(window_seconds(Duration::from_secs(3600)), 3600);
+        assert_eq!(window_seconds(Duration::from_secs(7 * 24 * 3600)), 86_400);
+        assert_eq!(window_seconds(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn an_identity_tells_apart_a_reused_id() {
+        assert_eq!(producer("7.5", 3), "7.5:3");
+        assert_eq!(identity(42, 1_000), "42-1000");
+        assert_ne!(identity(42, 1_000), identity(42, 1_001));
+        assert_ne!(identity(4, 21_000), identity(42, 1_000));
+    }
+}
