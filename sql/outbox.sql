@@ -282,9 +282,16 @@ CREATE FUNCTION @extschema@._outbox_slot_database(slot int) RETURNS text
     LANGUAGE c VOLATILE STRICT
     AS 'MODULE_PATHNAME', '_outbox_slot_database_wrapper';
 
+-- How the slot's worker deduplicates on the Redis it writes to: idmp, markers or off (NULL
+-- before its first chunk).
+CREATE FUNCTION @extschema@._outbox_slot_dedupe(slot int) RETURNS text
+    LANGUAGE c VOLATILE STRICT
+    AS 'MODULE_PATHNAME', '_outbox_slot_dedupe_wrapper';
+
 CREATE VIEW @extschema@.outbox_workers AS
     SELECT slot, pid, state, published, last_batch_at, last_error, last_error_at,
-           @extschema@._outbox_slot_database(slot) AS database
+           @extschema@._outbox_slot_database(slot) AS database,
+           @extschema@._outbox_slot_dedupe(slot) AS dedupe
     FROM @extschema@._outbox_worker_slots();
 COMMENT ON VIEW @extschema@.outbox_workers IS
     'One row per relay worker slot, from shared memory: the workers of every database relayed.';

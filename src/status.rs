@@ -58,6 +58,19 @@ fn _outbox_worker_slots() -> TableIterator<
     TableIterator::new(rows)
 }
 
+/// How the worker of `slot` deduplicates on the Redis it writes to (`idmp`, `markers`, `off`);
+/// NULL while it runs no chunk yet, or no worker runs. Declared in `sql/outbox.sql`.
+#[pg_extern(sql = false)]
+fn _outbox_slot_dedupe(slot: i32) -> Option<&'static str> {
+    let shared = shmem::shared()?;
+    let slot = shared.all_slots().get(usize::try_from(slot).ok()?)?;
+    let snapshot = slot.snapshot();
+    if snapshot.pid == 0 {
+        return None;
+    }
+    snapshot.dedupe
+}
+
 /// When a worker of this database last marked a batch published, since the server started.
 #[pg_extern(sql = false)]
 fn _outbox_last_published_at() -> Option<TimestampWithTimeZone> {

@@ -114,6 +114,7 @@ fn duplicates(ids: &[i64]) -> usize {
 
 #[test]
 fn with_dedupe_on_kills_leave_every_id_in_its_stream_once() {
+    // `on` is `auto`: IDMP on Redis 8.6.2 and later, markers elsewhere.
     let (ids, expected, redis, recent) = drain_with_kills("on");
     assert_eq!(
         ids.iter().copied().collect::<BTreeSet<_>>(),
@@ -147,6 +148,20 @@ fn with_dedupe_on_kills_leave_every_id_in_its_stream_once() {
     );
     for (key, _, ttl) in &sets {
         assert!((1..=2 * 86_400).contains(ttl), "{key} expires in {ttl}s");
+    }
+    if redis.has_idmp() {
+        let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("*"));
+        assert_eq!(keys, ["drain"], "IDMP left keys beside the stream");
+        let info: Vec<redis::Value> = redis.query(redis::cmd("XINFO").arg("STREAM").arg("drain"));
+        let duplicates = info
+            .chunks(2)
+            .find(|kv| kv[0] == redis::Value::BulkString(b"iids-duplicates".to_vec()))
+            .map(|kv| kv[1].clone());
+        eprintln!("IDMP: duplicates Redis absorbed: {duplicates:?}");
+        assert!(
+            matches!(duplicates, Some(redis::Value::Int(n)) if n > 0),
+            "no republished event reached Redis: the kills did not test IDMP"
+        );
     }
 }
 
@@ -308,7 +323,10 @@ fn a_steady_stream_does_not_flush_the_wal_once_a_pass() {
 #[test]
 fn markers_stay_bounded_by_a_few_batches() {
     let redis = Redis::start();
-    let pg = Pg::relaying_to(&redis, &[("outbox.batch_size", "100")]);
+    let pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.batch_size", "100"), ("outbox.dedupe", "markers")],
+    );
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
     let (mut most, mut most_keys) = (0, 0);
@@ -345,7 +363,10 @@ fn markers_stay_bounded_by_a_few_batches() {
 #[test]
 fn a_crash_leaves_markers_that_absorb_the_retry_and_expire() {
     let redis = Redis::start();
-    let pg = Pg::relaying_to(&redis, &[("outbox.dedupe_ttl", "1h")]);
+    let pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.dedupe_ttl", "1h"), ("outbox.dedupe", "markers")],
+    );
     pg.with_extension();
     pg.wait_for_workers(1);
     let ids = kill_between_publish_and_mark(
@@ -551,7 +572,8 @@ fn the_script_consults_the_previous_period_and_reports_errors_per_event() {
 /// and publish them again: their markers must still be in Redis to absorb the repeat. The
 /// standby's WAL receiver is frozen from a third of the drain on, so that the primary gets
 /// ahead of it by many batches; at half the primary crashes, the receiver is killed with what
-/// it had not written, and the standby is promoted.
+/// it had not written, and the standby is promoted. With IDMP (Redis 8.6.2+) the relay gets
+/// ahead only as far as Redis's window reaches, and then waits for the standby.
 #[test]
 fn a_synchronous_standby_promoted_mid_drain_publishes_nothing_twice() {
     const EVENTS: i64 = 300_000;
@@ -603,11 +625,34 @@ fn a_synchronous_standby_promoted_mid_drain_publishes_nothing_twice() {
     let receiver: i32 = standby.query_retrying("SELECT pid FROM pg_stat_wal_receiver")[0].get(0);
     signal(receiver, "-STOP");
     let frozen_at = redis.xlen("failover");
-    assert!(
-        wait_until(Duration::from_secs(120), || redis.xlen("failover")
-            >= 150_000),
-        "the drain stopped while the standby was frozen"
-    );
+    if redis.has_idmp() {
+        // IDMP's window keeps 10,000 identities per producer and stream: the relay stops once
+        // what a failover could send again (all it published since the standby froze) would
+        // outgrow half of it with another batch, and waits for the standby.
+        std::thread::sleep(Duration::from_secs(3));
+        let held_at = redis.xlen("failover");
+        std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(
+            redis.xlen("failover"),
+            held_at,
+            "the relay went on past the window"
+        );
+        assert!(
+            held_at <= frozen_at + 5_000 + 2_000,
+            "{} events published while the standby was frozen",
+            held_at - frozen_at
+        );
+        eprintln!(
+            "IDMP: held {} events after the standby froze",
+            held_at - frozen_at
+        );
+    } else {
+        assert!(
+            wait_until(Duration::from_secs(120), || redis.xlen("failover")
+                >= 150_000),
+            "the drain stopped while the standby was frozen"
+        );
+    }
     primary.stop("immediate");
     // What the receiver had not written yet, in its socket's buffer too, is lost with it: the
     // standby restarts from the WAL on its disk.

@@ -11,7 +11,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use outbox_redis::target::Mode;
+use outbox_redis::target::{Dedupe, Mode};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::pg_sys;
 
@@ -71,10 +71,49 @@ static MAX_PAYLOAD_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(10);
 /// Age, in seconds, after which published rows are pruned; 0 keeps them forever.
 static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
-/// Idempotent publishing through markers in Redis.
-static DEDUPE: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// How a batch published again after a crash is kept out of the streams.
+static DEDUPE: GucSetting<DedupeSetting> = GucSetting::<DedupeSetting>::new(DedupeSetting::Auto);
+/// Age, in seconds, past which stream entries are trimmed; 0 keeps them.
+static STREAM_MAX_AGE_S: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// Trimming keeps what a consumer group has not acknowledged, where Redis can (8.2+).
+static STREAM_TRIM_ACKED: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Lifetime, in seconds, of a dedupe marker left behind by a crash.
 static DEDUPE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 3600);
+
+/// `outbox.dedupe`'s values: those [`dedupe`] maps to the Redis side's [`Dedupe`], and, hidden,
+/// the boolean spellings the setting took when it was on or off (on is now `auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
+enum DedupeSetting {
+    #[name = c"auto"]
+    Auto,
+    #[name = c"markers"]
+    Markers,
+    #[name = c"idmp"]
+    Idmp,
+    #[name = c"off"]
+    Off,
+    #[name = c"on"]
+    #[hidden = true]
+    On,
+    #[name = c"true"]
+    #[hidden = true]
+    True,
+    #[name = c"yes"]
+    #[hidden = true]
+    Yes,
+    #[name = c"1"]
+    #[hidden = true]
+    One,
+    #[name = c"false"]
+    #[hidden = true]
+    False,
+    #[name = c"no"]
+    #[hidden = true]
+    No,
+    #[name = c"0"]
+    #[hidden = true]
+    Zero,
+}
 
 /// What `outbox.redis_url` names: the setting's values, which [`redis_mode`] maps to the Redis
 /// side's own [`Mode`].
@@ -324,11 +363,29 @@ fn init_reloadable() {
         GucContext::Sighup,
         GucFlags::UNIT_S,
     );
-    GucRegistry::define_bool_guc(
+    GucRegistry::define_enum_guc(
         c"outbox.dedupe",
         c"Publish idempotently: a batch republished after a relay crash adds no second entry.",
-        c"",
+        c"auto: Redis's IDMP where every node runs Redis 8.6.2 or later, markers elsewhere; markers; idmp; off.",
         &DEDUPE,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.stream_max_age",
+        c"Stream entries older than this are trimmed (XTRIM MINID ~); 0 keeps them.",
+        c"",
+        &STREAM_MAX_AGE_S,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_bool_guc(
+        c"outbox.stream_trim_acked",
+        c"Trimming keeps the entries a consumer group has not acknowledged (Redis 8.2 or later).",
+        c"On older servers and Valkey the relay logs this once and trims as without it.",
+        &STREAM_TRIM_ACKED,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -489,8 +546,26 @@ pub fn retention() -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
 
-pub fn dedupe() -> bool {
-    DEDUPE.get()
+/// `outbox.dedupe` for the Redis side, and the name it was set by (for the log).
+pub fn dedupe() -> (Dedupe, &'static str) {
+    use DedupeSetting::*;
+    match DEDUPE.get() {
+        Auto => (Dedupe::Auto, "auto"),
+        Markers => (Dedupe::Markers, "markers"),
+        Idmp => (Dedupe::Idmp, "idmp"),
+        Off => (Dedupe::Off, "off"),
+        On | True | Yes | One => (Dedupe::Auto, "on"),
+        False | No | Zero => (Dedupe::Off, "off"),
+    }
+}
+
+/// Zero keeps entries whatever their age.
+pub fn stream_max_age() -> Duration {
+    seconds(&STREAM_MAX_AGE_S)
+}
+
+pub fn stream_trim_acked() -> bool {
+    STREAM_TRIM_ACKED.get()
 }
 
 pub fn dedupe_ttl() -> Duration {

@@ -11,6 +11,7 @@ use pgrx::prelude::*;
 use super::rows::Plan;
 use super::spare;
 use crate::pg::utf8;
+use crate::write::lane;
 
 /// What a claim took: the events to publish, those whose text cannot be sent as UTF-8 (with the
 /// reason), which must be charged in the same transaction, and those that wait behind an earlier
@@ -189,6 +190,7 @@ fn read_row(claimed: &mut Claimed, values: &[pg_sys::Datum], nulls: &[bool], utf
     }
     let created_at = column(3).map(|d| d.value() as i64);
     let attempts = column(4).map_or(0, |d| d.value() as i32);
+    let group = column(8).map_or(0, |d| lane::group_of(d.value() as i16));
     let text = |i: usize, name: &str| match column(i) {
         None => Ok(None),
         // SAFETY: a non-null text datum of the row being read.
@@ -213,6 +215,7 @@ fn read_row(claimed: &mut Claimed, values: &[pg_sys::Datum], nulls: &[bool], utf
                 attempts,
                 key,
                 headers,
+                group,
             })
         }
         (topic, payload, key, headers, created_at) => {

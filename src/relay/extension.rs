@@ -12,8 +12,9 @@ use super::statements::Statements;
 use crate::pg::utf8;
 
 /// The versions of the extension's objects this library's statements relay: its own, and the
-/// earlier ones whose updates since changed nothing the relay reads (0.7.0 added a view).
-const RELAYED_VERSIONS: [&str; 2] = ["0.6.0", env!("CARGO_PKG_VERSION")];
+/// earlier ones whose updates since changed nothing the relay reads (0.7.0 added a view, 0.8.0
+/// a column of `outbox_workers`).
+const RELAYED_VERSIONS: [&str; 3] = ["0.6.0", "0.7.0", env!("CARGO_PKG_VERSION")];
 
 /// How long the worker trusts its last look-up of the extension while it is relaying.
 const RECHECK: Duration = Duration::from_secs(1);

@@ -1,11 +1,16 @@
 //! How far the relay's commits are on disk, told to the Redis thread: a batch's dedupe markers
 //! stay in Redis until the commit that marked it is durable, so the relay reports each flush it
-//! sees, and flushes its own last commit when the WAL writer would be too late.
+//! sees, and flushes its own last commit when the WAL writer would be too late. With IDMP,
+//! Redis keeps the identities of the last [`WINDOW_IDS`] events per producer and stream: the
+//! relay flushes before what a crash could send again outgrows half of that (the other half
+//! covers a worker that took over a lane group meanwhile).
 
 use std::time::{Duration, Instant};
 
+use outbox_redis::idmp::WINDOW_IDS;
 use outbox_redis::publish::Publisher;
 
+use super::settings::Settings;
 use super::worker;
 
 /// How long a relay that found no more events waits for the next commit before it flushes its
@@ -18,6 +23,9 @@ const FLUSH_IF_IDLE_FOR: Duration = Duration::from_millis(20);
 /// on disk, so this bounds how many pile up, whatever `wal_writer_delay` says.
 const FLUSH_AT_LEAST_EVERY: Duration = Duration::from_millis(200);
 
+/// How long a relay held by a full IDMP window waits before it looks again.
+const WINDOW_WAIT: Duration = Duration::from_millis(10);
+
 /// The relay's commits not yet known on disk, and how far the WAL was last said to be.
 #[derive(Default)]
 pub struct WalFlush {
@@ -26,18 +34,55 @@ pub struct WalFlush {
     unflushed: Option<(u64, Instant)>,
     /// How far the WAL was last said to be on disk.
     flushed_told: u64,
+    /// Events published by the commits not yet known on disk.
+    unflushed_events: u64,
 }
 
 impl WalFlush {
     /// Tells the Redis thread how the transaction holding the chunks sent since the last call
     /// ended (committed, its commit record ending at `committed_at`, or rolled back), then how
-    /// far the WAL is on disk.
-    pub fn transaction_ended(&mut self, committed_at: Option<u64>, publisher: &Publisher) {
+    /// far the WAL is on disk. The transaction published `published` events, and the next may
+    /// publish up to a batch.
+    pub fn transaction_ended(
+        &mut self,
+        committed_at: Option<u64>,
+        published: u64,
+        settings: &Settings,
+        publisher: &Publisher,
+    ) {
         publisher.transaction_ended(committed_at);
         if let Some(lsn) = committed_at {
             self.committed(lsn);
+            self.unflushed_events += published;
         }
-        self.report(false, publisher);
+        self.report(self.window_full(settings), publisher);
+    }
+
+    /// Whether another batch could take what a crash may send again past half the IDMP window.
+    fn window_full(&self, settings: &Settings) -> bool {
+        self.unflushed_events + settings.batch_size as u64 > WINDOW_IDS / 2
+    }
+
+    /// With IDMP (`idmp`), whether the relay must wait before its next pass, because what a
+    /// crash could send again (the events of its commits not yet durable, on disk and on the
+    /// synchronous standbys) would outgrow the window with another batch. It flushes its own
+    /// commits first, and waits a moment if that was not enough (a synchronous standby behind):
+    /// a primary that fails over to that standby sends again every event whose mark it lacks.
+    pub fn hold_for_window(
+        &mut self,
+        idmp: bool,
+        settings: &Settings,
+        publisher: &Publisher,
+    ) -> bool {
+        if !idmp || !self.window_full(settings) {
+            return false;
+        }
+        self.report(true, publisher);
+        if !self.window_full(settings) {
+            return false;
+        }
+        worker::wait_latch(WINDOW_WAIT);
+        true
     }
 
     /// Takes note of a commit whose record ends at `lsn`.
@@ -90,6 +135,7 @@ impl WalFlush {
         }
         if flushed >= waiting {
             self.unflushed = None;
+            self.unflushed_events = 0;
         }
         // Else the wait keeps the start of the oldest commit reported unflushed: the relay's own
         // flush may come early, never late.

@@ -2,16 +2,13 @@
 //! transaction, woken at commit and polling as a safety net.
 //!
 //! The mark is written while Redis works on the batch, but the transaction commits only once
-//! Redis has answered, and rolls back if it could not be reached: a mark never outlives a failed
-//! publish. A crash before the commit publishes the batch again instead of losing it (and with
-//! `outbox.dedupe` the markers in Redis absorb the repeat). Failures are logged when the
-//! worker's situation changes, never once per retry. This file holds the loop; `start.rs` the
-//! worker's start, `batch.rs` one pass's transaction (`pass.rs` what it returns), `claims.rs`
-//! what claims remember between passes, `delayed.rs` the moves of due delayed events,
-//! `flush.rs` the WAL flushes told to the Redis thread, `state.rs` the worker's state and its
-//! log lines, `worker.rs` the process's plumbing; the Redis thread is the outbox-redis crate's
-//! `publish.rs`. The relay's SQL is in `sql.rs`, prepared once in `statements.rs`; the rows a
-//! claim took are read in `claim.rs`.
+//! Redis has answered, and rolls back if it could not be reached. A crash before the commit
+//! publishes the batch again instead of losing it (`outbox.dedupe` absorbs the repeat).
+//! Failures are logged when the worker's situation changes, never once per retry. Here the
+//! loop; `start.rs` the start, `batch.rs` one pass (`pass.rs` its result), `claims.rs` what
+//! claims remember, `delayed.rs` due delayed events, `flush.rs` WAL flushes, `state.rs` the
+//! state and its log lines, `worker.rs` the plumbing; the SQL in `sql.rs`, prepared in
+//! `statements.rs`, read in `claim.rs`. The Redis thread is the outbox-redis crate.
 
 pub mod backoff;
 mod batch;
@@ -58,15 +55,13 @@ use worker::{in_transaction, End};
 
 pub use launcher::register_workers;
 
-/// How long a worker that found no extension under `outbox.database = '*'` keeps the launcher
-/// from looking again.
+/// How long a worker that found no extension under '*' keeps the launcher from looking again.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(3);
 
 /// One worker's relay: what it keeps from pass to pass, each concern in a struct of its own.
 struct Relay {
     index: usize,
-    /// `outbox.database = '*'`: without the extension, the worker leaves (and the launcher looks
-    /// again later) rather than waits.
+    /// `outbox.database = '*'`: without the extension, the worker leaves rather than waits.
     everywhere: bool,
     /// What the workers of this database share.
     share: &'static DatabaseShare,
@@ -101,6 +96,13 @@ impl Relay {
             }
             self.reload_if_requested();
             self.leave_if_unwanted();
+            let idmp = self.status.idmp();
+            if self
+                .flush
+                .hold_for_window(idmp, &self.settings, &self.publisher)
+            {
+                continue;
+            }
             let pass = self.pass();
             if let (Some(retention), Some(schema)) =
                 (self.settings.retention, self.extension.schema())
@@ -198,7 +200,8 @@ impl Relay {
             ((batch.pass, batch.published, batch.end), batch.end)
         });
         let committed_at = (end == End::Commit).then(worker::last_commit_end);
-        self.flush.transaction_ended(committed_at, &self.publisher);
+        let flush = &mut self.flush;
+        flush.transaction_ended(committed_at, published, &self.settings, &self.publisher);
         if end != End::Commit {
             // Its events are unpublished again, below the cursor.
             self.claims.start.forget();
@@ -216,6 +219,7 @@ impl Relay {
             self.slot.record_batch(published, at);
             self.share.record_published(at);
         }
+        self.status.found(self.publisher.found(), &self.settings);
         self.set_state(match pass {
             Pass::NoExtension => WorkerState::WaitingForExtension,
             Pass::RedisDown(_) => WorkerState::Backoff,

@@ -19,11 +19,14 @@ pub struct Settings {
     pub max_attempts: i32,
     /// `None` keeps history forever.
     pub retention: Option<Duration>,
+    /// `outbox.dedupe` as it was set (`on` is `auto`), for the log.
+    pub dedupe_name: &'static str,
 }
 
 impl Settings {
     /// The settings in force; `marker_namespace` tells apart the databases sharing a Redis.
     pub fn read(marker_namespace: &str, database: &str) -> Settings {
+        let (dedupe, dedupe_name) = gucs::dedupe();
         Settings {
             target: Target {
                 url: gucs::redis_url(),
@@ -41,7 +44,9 @@ impl Settings {
                 timeout: gucs::redis_timeout(),
                 stream_prefix: super::databases::stream_prefix(&gucs::stream_prefix(), database),
                 stream_maxlen: gucs::stream_maxlen(),
-                dedupe: gucs::dedupe(),
+                stream_max_age: gucs::stream_max_age(),
+                stream_trim_acked: gucs::stream_trim_acked(),
+                dedupe,
                 dedupe_ttl: gucs::dedupe_ttl(),
                 marker_namespace: marker_namespace.to_string(),
             },
@@ -49,6 +54,7 @@ impl Settings {
             poll_interval: gucs::poll_interval(),
             max_attempts: gucs::max_attempts(),
             retention: gucs::retention(),
+            dedupe_name,
         }
     }
 
@@ -73,7 +79,7 @@ impl Settings {
             settings.describe(database)
         );
         let retarget = settings.target != self.target;
-        session::commit_without_waiting(settings.target.dedupe);
+        session::commit_without_waiting(settings.target.dedupe.is_on());
         if retarget {
             publisher.configure(settings.target.clone());
         }
@@ -116,7 +122,7 @@ impl Settings {
         };
         format!(
             "database={database} redis_url={} redis_mode={mode}{tls}{wait} batch_size={} poll_interval={}ms \
-             redis_timeout={}ms stream_prefix='{}' stream_maxlen={} max_attempts={} retention={} \
+             redis_timeout={}ms stream_prefix='{}' stream_maxlen={}{} max_attempts={} retention={} \
              dedupe={} dedupe_ttl={}s",
             match target.url_refused {
                 Some(_) => "(refused: it holds a password)",
@@ -127,10 +133,26 @@ impl Settings {
             target.timeout.as_millis(),
             target.stream_prefix,
             target.stream_maxlen,
+            trimming(target),
             self.max_attempts,
             retention,
-            if target.dedupe { "on" } else { "off" },
+            self.dedupe_name,
             target.dedupe_ttl.as_secs(),
         )
     }
+}
+
+/// The trimming settings beside `stream_maxlen`, when set.
+fn trimming(target: &Target) -> String {
+    let mut text = String::new();
+    if !target.stream_max_age.is_zero() {
+        text.push_str(&format!(
+            " stream_max_age={}s",
+            target.stream_max_age.as_secs()
+        ));
+    }
+    if target.stream_trim_acked {
+        text.push_str(" stream_trim_acked=on");
+    }
+    text
 }

@@ -39,8 +39,8 @@ pub const CLAIMED_COLUMNS: &str =
                                o.key, o.headers::pg_catalog.text";
 
 /// The claim's columns: their types, in the order of [`CLAIMED_COLUMNS`], then whether the row
-/// is blocked.
-pub const CLAIMED_TYPES: [pg_sys::Oid; 8] = [
+/// is blocked, then its lane.
+pub const CLAIMED_TYPES: [pg_sys::Oid; 9] = [
     pg_sys::INT8OID,
     pg_sys::TEXTOID,
     pg_sys::TEXTOID,
@@ -49,6 +49,7 @@ pub const CLAIMED_TYPES: [pg_sys::Oid; 8] = [
     pg_sys::TEXTOID,
     pg_sys::TEXTOID,
     pg_sys::BOOLOID,
+    pg_sys::INT2OID,
 ];
 
 /// `next_attempt_at` of a held event: it waits behind an earlier event of its key until the
@@ -106,15 +107,16 @@ pub fn claim_sql(schema: &str, table: &str, filter: &str, order: &str, guarded: 
          ORDER BY {order} LIMIT $1 FOR UPDATE SKIP LOCKED"
     );
     if !guarded {
-        return format!("SELECT {CLAIMED_COLUMNS}, false {rows}");
+        return format!("SELECT {CLAIMED_COLUMNS}, false, o.lane {rows}");
     }
     format!(
         "SELECT c.id, c.topic, \
                 CASE WHEN c.blocked THEN NULL ELSE c.payload::pg_catalog.text END, \
                 c.created_at, c.attempts, c.key, \
-                CASE WHEN c.blocked THEN NULL ELSE c.headers::pg_catalog.text END, c.blocked \
+                CASE WHEN c.blocked THEN NULL ELSE c.headers::pg_catalog.text END, c.blocked, \
+                c.lane \
          FROM (SELECT o.id, o.topic, o.payload, o.created_at, o.attempts, o.key, o.headers, \
-                      {} AS blocked {rows}) c",
+                      {} AS blocked, o.lane {rows}) c",
         held_back(schema, "o")
     )
 }

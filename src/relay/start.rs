@@ -81,7 +81,7 @@ fn relay(
         (name, End::Commit)
     });
     let settings = Settings::read(&namespace, &database);
-    session::commit_without_waiting(settings.target.dedupe);
+    session::commit_without_waiting(settings.target.dedupe.is_on());
     // Under '*', a worker that finds no extension leaves at once, and another looks again a
     // few seconds later: it speaks only once it has found the extension.
     let probing =

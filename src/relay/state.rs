@@ -1,7 +1,11 @@
 //! The worker's state, as `outbox_workers` shows it and as the log tells its changes: a line
 //! when it starts waiting for the extension, finds it, or waits for a promotion, never one per
-//! pass. Under `outbox.database = '*'` a worker is quiet until it has found the extension.
+//! pass. Under `outbox.database = '*'` a worker is quiet until it has found the extension. The
+//! same for what the Redis thread finds of the servers: a line when the way it deduplicates
+//! changes, and one when `outbox.stream_trim_acked` cannot be honoured there.
 
+use outbox_redis::publish::Found;
+use outbox_redis::server::InUse;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -19,6 +23,8 @@ pub struct Status {
     probing: bool,
     state: WorkerState,
     slot: &'static WorkerSlot,
+    /// What the Redis thread last found of the servers.
+    found: Found,
 }
 
 impl Status {
@@ -30,6 +36,7 @@ impl Status {
             probing,
             state: WorkerState::Starting,
             slot,
+            found: Found::default(),
         }
     }
 
@@ -121,6 +128,38 @@ impl Status {
         self.state = state;
         self.slot.set_state(state);
         worker::report_activity(state == WorkerState::Publishing);
+    }
+
+    /// Whether the worker's connection deduplicates with IDMP.
+    pub fn idmp(&self) -> bool {
+        self.found.dedupe == Some(InUse::Idmp)
+    }
+
+    /// Takes note of what the Redis thread found of the servers: shows how the worker
+    /// deduplicates, and logs what changed.
+    pub fn found(&mut self, found: Found, settings: &Settings) {
+        if found == self.found || found.dedupe.is_none() {
+            return;
+        }
+        let index = self.index;
+        if found.dedupe != self.found.dedupe || found.servers != self.found.servers {
+            let how = match found.dedupe {
+                Some(InUse::Idmp) => "deduplicating with Redis's IDMP",
+                Some(InUse::Markers) => "deduplicating with markers",
+                _ => "not deduplicating (outbox.dedupe = off)",
+            };
+            log!("outbox relay {index}: {how}; writing to {}", found.servers);
+        }
+        if settings.target.stream_trim_acked && !found.acked && found.servers != self.found.servers
+        {
+            log!(
+                "outbox relay {index}: outbox.stream_trim_acked needs Redis 8.2 or later on every \
+                 node, and the relay writes to {}; trimming without it",
+                found.servers
+            );
+        }
+        self.slot.set_dedupe(found.dedupe);
+        self.found = found;
     }
 
     /// Shows the worker stopped, and ends the process.

@@ -8,6 +8,7 @@ use std::sync::atomic::{
     fence, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
 };
 
+use outbox_redis::server::InUse;
 use pgrx::pg_sys;
 
 use super::time::{time_or_null, NO_TIME};
@@ -64,6 +65,8 @@ pub struct WorkerSlot {
     pid: AtomicI32,
     latch: AtomicPtr<pg_sys::Latch>,
     state: AtomicU8,
+    /// How the worker last deduplicated: 0 not yet, then off, markers, idmp.
+    dedupe: AtomicU8,
     published: AtomicU64,
     last_batch_at: AtomicI64,
     error_seq: AtomicU32,
@@ -76,6 +79,8 @@ pub struct WorkerSlot {
 pub struct SlotSnapshot {
     pub pid: i32,
     pub state: WorkerState,
+    /// `outbox.dedupe` as the worker's connection chose it, before its first chunk `None`.
+    pub dedupe: Option<&'static str>,
     pub published: i64,
     pub last_batch_at: Option<i64>,
     pub last_error: Option<String>,
@@ -90,6 +95,7 @@ impl WorkerSlot {
             pid: AtomicI32::new(0),
             latch: AtomicPtr::new(std::ptr::null_mut()),
             state: AtomicU8::new(WorkerState::Stopped as u8),
+            dedupe: AtomicU8::new(0),
             published: AtomicU64::new(0),
             last_batch_at: AtomicI64::new(NO_TIME),
             error_seq: AtomicU32::new(0),
@@ -110,6 +116,7 @@ impl WorkerSlot {
             return false;
         }
         self.published.store(0, Ordering::Relaxed);
+        self.dedupe.store(0, Ordering::Relaxed);
         self.last_batch_at.store(NO_TIME, Ordering::Relaxed);
         self.set_error(None, NO_TIME);
         self.state
@@ -117,6 +124,17 @@ impl WorkerSlot {
         self.working_in.store(database, Ordering::Release);
         self.latch.store(latch, Ordering::Release);
         true
+    }
+
+    /// Records how the worker's connection deduplicates (`outbox_workers.dedupe`).
+    pub fn set_dedupe(&self, in_use: Option<InUse>) {
+        let code = match in_use {
+            None => 0,
+            Some(InUse::Off) => 1,
+            Some(InUse::Markers) => 2,
+            Some(InUse::Idmp) => 3,
+        };
+        self.dedupe.store(code, Ordering::Relaxed);
     }
 
     /// Assigns the slot to a database (0 frees it); the launcher does, before it starts the
@@ -214,6 +232,12 @@ impl WorkerSlot {
         SlotSnapshot {
             pid: self.pid.load(Ordering::Acquire),
             state: WorkerState::from_u8(self.state.load(Ordering::Relaxed)),
+            dedupe: match self.dedupe.load(Ordering::Relaxed) {
+                1 => Some(InUse::Off.name()),
+                2 => Some(InUse::Markers.name()),
+                3 => Some(InUse::Idmp.name()),
+                _ => None,
+            },
             published: self.published.load(Ordering::Relaxed) as i64,
             last_batch_at: time_or_null(self.last_batch_at.load(Ordering::Relaxed)),
             last_error,

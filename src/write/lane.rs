@@ -32,6 +32,15 @@ pub fn lane_of(key: Option<&[u8]>, topic: &[u8]) -> i16 {
     ((hash ^ (hash >> 16)) % LANES as u32) as i16
 }
 
+/// The group lane `lane` is in (0 for a lane out of range, which no claim returns).
+pub fn group_of(lane: i16) -> u16 {
+    if (0..LANES).contains(&lane) {
+        (lane / LANES_PER_GROUP) as u16
+    } else {
+        0
+    }
+}
+
 /// The share of the lanes that worker `ordinal` of `workers` relays: its groups, and the lanes
 /// they hold (`lanes.start <= lane < lanes.end`). Every group goes to exactly one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +77,20 @@ mod tests {
             let lane = lane_of(Some(format!("key-{n}").as_bytes()), b"t");
             assert!((0..LANES).contains(&lane));
         }
+    }
+
+    #[test]
+    fn a_lanes_group_is_the_one_a_worker_locks() {
+        for workers in 1..=GROUPS as usize {
+            for ordinal in 0..workers {
+                let share = share(ordinal, workers);
+                for lane in share.lanes.clone() {
+                    assert!(share.groups.contains(&u32::from(group_of(lane))));
+                }
+            }
+        }
+        assert_eq!(group_of(LANES - 1), GROUPS as u16 - 1);
+        assert_eq!(group_of(-1), 0);
     }
 
     #[test]

@@ -203,7 +203,9 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
         failure
     })?;
     if let Some(connection) = slot.as_mut() {
-        connection.configured.extend(layout.configuring.iter().cloned());
+        connection
+            .configured
+            .extend(layout.configuring.iter().cloned());
     }
     let wanted = target.wait_replicas;
     if wanted > 0 && resent {

@@ -19,8 +19,8 @@
 //! - `publish`: the publisher thread, and the channel the worker's main thread drives it by.
 
 mod connection;
-pub mod idmp;
 pub mod encode;
+pub mod idmp;
 mod link;
 mod one_by_one;
 pub mod outcome;

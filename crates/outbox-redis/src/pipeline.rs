@@ -231,7 +231,10 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
                 });
             }
             let topic = &chunk.events[positions[0]].topic;
-            let shapes: String = positions.iter().map(|&p| optional_fields(&chunk.events[p])).collect();
+            let shapes: String = positions
+                .iter()
+                .map(|&p| optional_fields(&chunk.events[p]))
+                .collect();
             let acked = if shape.acked { "a" } else { "" };
             cmd.arg(format!("{}{acked}", target.stream_maxlen))
                 .arg(period.expires_at_ms)
@@ -623,7 +626,10 @@ mod tests {
             .unwrap()
             .as_millis() as u64;
         let oldest: u64 = trim[4].parse().unwrap();
-        assert!(oldest <= now_ms - 60_000 && oldest > now_ms - 70_000, "{oldest}");
+        assert!(
+            oldest <= now_ms - 60_000 && oldest > now_ms - 70_000,
+            "{oldest}"
+        );
         assert_eq!(args(&built.commands[1])[..3], ["XADD", "a", "*"]);
     }
 

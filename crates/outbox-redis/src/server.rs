@@ -128,7 +128,8 @@ mod tests {
     fn info_names_the_server_and_its_version() {
         let redis8 = "# Server\r\nredis_version:8.6.3\r\nredis_git_sha1:00000000\r\n";
         assert_eq!(parse_info(redis8), redis((8, 6, 3)));
-        let valkey = "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:9.1.2\r\n";
+        let valkey =
+            "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:9.1.2\r\n";
         assert_eq!(
             parse_info(valkey),
             Some(Server {
@@ -137,7 +138,10 @@ mod tests {
             })
         );
         assert_eq!(parse_info("redis_version:7.0.15\n"), redis((7, 0, 15)));
-        assert_eq!(parse_info("redis_version:255.255.255\n"), redis((255, 255, 255)));
+        assert_eq!(
+            parse_info("redis_version:255.255.255\n"),
+            redis((255, 255, 255))
+        );
         assert_eq!(parse_info("# Server\r\nuptime:3\r\n"), None);
         assert_eq!(parse_info("redis_version:x.1\r\n"), None);
         assert_eq!(parse_info(""), None);

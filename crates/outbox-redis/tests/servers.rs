@@ -185,7 +185,11 @@ fn trimming_keeps_what_a_group_has_not_acknowledged_where_the_server_can() {
         assert!(redis.xlen("t") < 400, "not trimmed: {}", redis.xlen("t"));
         return;
     }
-    assert_eq!(redis.xlen("t"), 2000, "entries the group has not read were trimmed");
+    assert_eq!(
+        redis.xlen("t"),
+        2000,
+        "entries the group has not read were trimmed"
+    );
     let _: redis::Value = redis.query(
         redis::cmd("XREADGROUP")
             .arg("GROUP")
@@ -209,7 +213,10 @@ fn trimming_keeps_what_a_group_has_not_acknowledged_where_the_server_can() {
         .iter()
         .all(|o| *o == Outcome::Added));
     let left = redis.xlen("t");
-    assert!((1000..1100).contains(&left), "read but unacknowledged entries went: {left}");
+    assert!(
+        (1000..1100).contains(&left),
+        "read but unacknowledged entries went: {left}"
+    );
     let mut ack = redis::cmd("XACK");
     ack.arg("t").arg("g").arg(&ids[1000..]);
     let _: i64 = redis.query(&ack);

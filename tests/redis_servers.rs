@@ -1,0 +1,163 @@
+//! What the relay makes of the Redis it writes to, against the `redis-server` the tests start
+//! (`OUTBOX_TEST_REDIS_SERVER` names another: scripts/test.sh runs these against Redis 6.2,
+//! 7.0, 8.6 and Valkey 9.1). `outbox.dedupe = auto` deduplicates with Redis's IDMP where the
+//! server has it (8.6.2+) and with markers elsewhere, and `outbox_workers` says which; `idmp`
+//! waits, uncharged, where the server lacks it. `outbox.stream_trim_acked` keeps what a consumer
+//! group has not acknowledged where the server can (8.2+), and elsewhere says so once and trims
+//! as without it. Each test asserts what its server must do.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{enqueue_many, wait_until, Pg, Redis};
+
+/// A stream entry as XREADGROUP returns it: its id and its fields.
+type Entry = (String, Vec<(String, String)>);
+
+fn dedupe_shown(pg: &Pg) -> Option<String> {
+    pg.query_retrying("SELECT dedupe FROM outbox_workers")
+        .first()
+        .and_then(|r| r.get::<_, Option<String>>(0))
+}
+
+#[test]
+fn outbox_workers_shows_how_the_worker_dedupes() {
+    let redis = Redis::start();
+    let mut pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "100ms")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let ids = enqueue_many(&mut client, "shown", 5);
+    assert!(wait_until(Duration::from_secs(20), || redis.ids("shown") == ids));
+    let expected = if redis.has_idmp() { "idmp" } else { "markers" };
+    assert!(
+        wait_until(Duration::from_secs(10), || dedupe_shown(&pg).as_deref()
+            == Some(expected)),
+        "outbox_workers.dedupe is {:?} on {:?}, not {expected}",
+        dedupe_shown(&pg),
+        redis.version()
+    );
+    assert!(pg.log().contains(if redis.has_idmp() {
+        "deduplicating with Redis's IDMP; writing to Redis 8."
+    } else {
+        "deduplicating with markers; writing to "
+    }));
+    let markers: Vec<String> = redis.query(redis::cmd("KEYS").arg("outbox:dedupe:*"));
+    assert_eq!(
+        markers.is_empty(),
+        redis.has_idmp(),
+        "marker keys: {markers:?}"
+    );
+
+    pg.set(&[("outbox.dedupe", "off")]);
+    assert!(wait_until(Duration::from_secs(20), || pg
+        .log()
+        .contains("dedupe=off")));
+    let more = enqueue_many(&mut client, "shown", 1);
+    assert!(wait_until(Duration::from_secs(20), || redis.xlen("shown") == 6));
+    assert_eq!(redis.ids("shown")[5..], more[..]);
+    assert!(wait_until(Duration::from_secs(10), || dedupe_shown(&pg)
+        .as_deref()
+        == Some("off")));
+
+    // Asked for by name where the server lacks it: nothing goes out, nothing is charged.
+    pg.set(&[("outbox.dedupe", "idmp")]);
+    assert!(wait_until(Duration::from_secs(20), || pg
+        .log()
+        .contains("dedupe=idmp")));
+    let last = enqueue_many(&mut client, "shown", 3);
+    if redis.has_idmp() {
+        assert!(wait_until(Duration::from_secs(20), || redis.xlen("shown") == 9));
+        assert_eq!(redis.ids("shown")[6..], last[..]);
+        assert_eq!(dedupe_shown(&pg).as_deref(), Some("idmp"));
+    } else {
+        assert!(
+            wait_until(Duration::from_secs(20), || pg
+                .query_retrying("SELECT state, last_error FROM outbox_workers")
+                .first()
+                .is_some_and(|r| r.get::<_, String>(0) == "backoff"
+                    && r.get::<_, Option<String>>(1)
+                        .is_some_and(|e| e.contains("needs Redis 8.6.2")))),
+            "the worker did not back off saying why"
+        );
+        assert_eq!(redis.xlen("shown"), 6);
+        let charged: i64 = client
+            .query_one("SELECT count(*) FROM outbox WHERE attempts > 0", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(charged, 0, "events were charged for the server's version");
+        pg.set(&[("outbox.dedupe", "auto")]);
+        assert!(wait_until(Duration::from_secs(30), || redis.xlen("shown") == 9));
+        assert_eq!(redis.ids("shown")[6..], last[..]);
+    }
+}
+
+/// With `stream_maxlen = 1000` and a consumer group that has read nothing, 20,000 events stay
+/// in the stream; once the group has acknowledged them, the next events trim it back near 1,000.
+/// Where the server cannot trim so, it is trimmed as before and the log says why, once.
+#[test]
+fn trimming_keeps_what_a_consumer_group_has_not_acknowledged() {
+    let redis = Redis::start();
+    let _: () = redis.query(
+        redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg("kept")
+            .arg("readers")
+            .arg("$")
+            .arg("MKSTREAM"),
+    );
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.stream_maxlen", "1000"),
+            ("outbox.stream_trim_acked", "on"),
+            ("outbox.batch_size", "1000"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    enqueue_many(&mut client, "kept", 20_000);
+    assert!(wait_until(Duration::from_secs(120), || pg.pending() == 0));
+    let warned = "outbox.stream_trim_acked needs Redis 8.2 or later";
+    if !redis.has_acked_trimming() {
+        assert!(
+            redis.xlen("kept") < 2_000,
+            "not trimmed: {}",
+            redis.xlen("kept")
+        );
+        assert_eq!(pg.log().matches(warned).count(), 1, "{}", pg.log());
+        return;
+    }
+    assert!(!pg.log().contains(warned));
+    assert_eq!(redis.xlen("kept"), 20_000, "unread entries were trimmed");
+    // The group reads and acknowledges everything.
+    let read: Vec<(String, Vec<Entry>)> = redis.query(
+        redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("readers")
+            .arg("r1")
+            .arg("COUNT")
+            .arg(50_000)
+            .arg("STREAMS")
+            .arg("kept")
+            .arg(">"),
+    );
+    let entry_ids: Vec<&String> = read[0].1.iter().map(|(id, _)| id).collect();
+    assert_eq!(entry_ids.len(), 20_000);
+    assert_eq!(
+        redis.xlen("kept"),
+        20_000,
+        "read but unacknowledged entries were trimmed"
+    );
+    let mut ack = redis::cmd("XACK");
+    ack.arg("kept").arg("readers").arg(&entry_ids);
+    let acked: i64 = redis.query(&ack);
+    assert_eq!(acked, 20_000);
+    enqueue_many(&mut client, "kept", 10);
+    assert!(wait_until(Duration::from_secs(20), || pg.pending() == 0));
+    let left = redis.xlen("kept");
+    assert!(
+        (1_000..1_200).contains(&left),
+        "{left} entries after acknowledging them all"
+    );
+}
