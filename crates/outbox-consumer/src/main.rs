@@ -52,8 +52,9 @@ fn main() -> ExitCode {
 
 fn run(config: args::Config) -> Result<(), Error> {
     let mut pg = postgres::Client::connect(&config.postgres, postgres::NoTls)
-        .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
-    store::create_tables(&mut pg).map_err(|e| format!("cannot create the tables: {e}"))?;
+        .map_err(|e| format!("cannot connect to PostgreSQL: {}", store::message(&e)))?;
+    store::create_tables(&mut pg)
+        .map_err(|e| format!("cannot create the tables: {}", store::message(&e)))?;
     let mut redis = connect_redis(&config)?;
     for stream in &config.streams {
         create_group(&mut redis, stream, &config.group)?;
@@ -126,15 +127,16 @@ fn create_group(redis: &mut Connection, stream: &str, group: &str) -> Result<(),
 
 /// How entries are acknowledged. Either way the entry leaves the pending list and is not
 /// delivered to this group again.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 enum Ack {
     /// `XACK`: the entry stays in the stream until `MAXLEN` trims it (`outbox.stream_maxlen`).
     Xack,
-    /// `XACKDEL ... ACKED` (Redis 8.2+) also deletes the entry from the stream, but only once
-    /// every group of the stream is done with it: while another group has not read it yet, or
-    /// still has it pending, it stays for that group, and this acknowledgement is a plain `XACK`.
-    /// The stream then holds only what some group still needs, without `MAXLEN`. (A group
-    /// created later does not see the deleted entries.)
+    /// `XACKDEL ... ACKED` (Redis 8.2+) also deletes the entry from the stream, but only if
+    /// every other group of the stream is done with it: while one has not read it yet, or still
+    /// has it pending, the entry stays for that group and this is a plain `XACK`. That group's
+    /// own acknowledgement deletes it if it is an `XACKDEL ... ACKED` too; a plain `XACK` leaves
+    /// it to `MAXLEN`. With every group acknowledging so, the stream holds only what some group
+    /// still needs. (A group created later does not see the deleted entries.)
     Xackdel,
 }
 
@@ -290,11 +292,25 @@ impl Consumer {
             return Ok(());
         }
         let tally = store::apply_batch(&mut self.pg, stream, entries)
-            .map_err(|e| format!("cannot apply a batch of {stream}: {e}"))?;
+            .map_err(|e| format!("cannot apply a batch of {stream}: {}", store::message(&e)))?;
         let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
         self.ack
             .send(&mut self.redis, stream, &self.config.group, &ids)
             .map_err(|e| format!("cannot acknowledge a batch of {stream}: {e}"))?;
+        if tally.dead > 0 {
+            eprintln!(
+                "outbox-consumer: {stream}: {} entries are not events this consumer can apply; \
+                 see outbox_consumer_dead",
+                tally.dead
+            );
+        }
+        if tally.trimmed > 0 {
+            eprintln!(
+                "outbox-consumer: {stream}: {} entries were deleted from the stream before they \
+                 were applied (outbox.stream_maxlen too low?)",
+                tally.trimmed
+            );
+        }
         println!(
             "batch stream={stream} source={source} entries={} applied={} duplicates={} dead={} \
              trimmed={}",

@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS applied_events (
 
 -- Entries that are not events this consumer can apply (a field missing, not UTF-8, a payload
 -- that is not JSON): kept here for a person to look at, and acknowledged, so that one bad entry
--- does not stop the stream behind it.
+-- does not stop the stream behind it. Not deduplicated: an entry delivered again after a crash
+-- may be recorded twice.
 CREATE TABLE IF NOT EXISTS outbox_consumer_dead (
     stream    text        NOT NULL,
     entry_id  text        NOT NULL,
@@ -99,7 +100,7 @@ pub fn apply_batch(
                     Err(e) if is_bad_data(&e) => {
                         let fields = entry.1.as_deref().unwrap_or_default();
                         let mut tx = pg.transaction()?;
-                        record_dead(&mut tx, stream, &entry.0, fields, &e.to_string())?;
+                        record_dead(&mut tx, stream, &entry.0, fields, &message(&e))?;
                         tx.commit()?;
                         total.dead += 1;
                     }
@@ -126,7 +127,6 @@ fn apply_in_one_transaction(
     let mut tally = Tally::default();
     for (entry_id, fields) in entries {
         let Some(fields) = fields else {
-            eprintln!("outbox-consumer: {stream} {entry_id} was deleted before it was applied");
             tally.trimmed += 1;
             continue;
         };
@@ -188,13 +188,23 @@ fn record_dead(
     fields: &[Vec<u8>],
     error: &str,
 ) -> Result<(), postgres::Error> {
-    eprintln!("outbox-consumer: {stream} {entry_id}: {error}; recording it as dead");
     tx.execute(
         "INSERT INTO outbox_consumer_dead (stream, entry_id, fields, error) \
          VALUES ($1, $2, $3, $4)",
         &[&stream, &entry_id, &describe(fields), &error],
     )?;
     Ok(())
+}
+
+/// The error on one line, with what caused it: `postgres::Error` alone says "db error" or
+/// "error communicating with the server", and the server's message is in its cause.
+pub fn message(error: &postgres::Error) -> String {
+    let text = match (error.as_db_error(), std::error::Error::source(error)) {
+        (Some(server), _) => server.to_string(),
+        (None, Some(cause)) => format!("{error}: {cause}"),
+        (None, None) => error.to_string(),
+    };
+    text.replace('\n', " ")
 }
 
 /// A value the entry carried was refused (SQLSTATE class 22, "data exception"): trying again
