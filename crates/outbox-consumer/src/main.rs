@@ -256,18 +256,27 @@ impl Consumer {
             let mut cursor = "0-0".to_string();
             loop {
                 // The cursor to go on from ("0-0" at the end), the entries now pending at this
-                // consumer, and (Redis 7.0+) the ids of pending entries deleted from the stream,
-                // which Redis has dropped from the pending list.
-                let (next, entries, deleted): (String, Vec<Entry>, Vec<String>) =
-                    redis::cmd("XAUTOCLAIM")
-                        .arg(&stream)
-                        .arg(&self.config.group)
-                        .arg(&self.config.consumer)
-                        .arg(self.config.min_idle.as_millis() as u64)
-                        .arg(&cursor)
-                        .arg("COUNT")
-                        .arg(self.config.count)
-                        .query(&mut self.redis)?;
+                // consumer, and (Redis 7.0+; 6.2 sends only the first two) the ids of pending
+                // entries deleted from the stream, which Redis has dropped from the pending list.
+                let reply: Vec<Value> = redis::cmd("XAUTOCLAIM")
+                    .arg(&stream)
+                    .arg(&self.config.group)
+                    .arg(&self.config.consumer)
+                    .arg(self.config.min_idle.as_millis() as u64)
+                    .arg(&cursor)
+                    .arg("COUNT")
+                    .arg(self.config.count)
+                    .query(&mut self.redis)?;
+                let mut parts = reply.into_iter();
+                let (Some(next), Some(entries)) = (parts.next(), parts.next()) else {
+                    return Err("XAUTOCLAIM answered fewer than two parts".into());
+                };
+                let next: String = redis::from_redis_value(next)?;
+                let entries: Vec<Entry> = redis::from_redis_value(entries)?;
+                let deleted: Vec<String> = match parts.next() {
+                    Some(deleted) => redis::from_redis_value(deleted)?,
+                    None => Vec::new(),
+                };
                 if !deleted.is_empty() {
                     eprintln!(
                         "outbox-consumer: {stream}: entries deleted before they were applied: {}",
