@@ -14,6 +14,13 @@ PG_CACHE="${OUTBOX_PG_CACHE:-/var/tmp/outbox-postgresql}"
 # installing anything system-wide; it sits in the shared folder beside this repository.
 PG_NEXT="${OUTBOX_PG_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/tools/pg-next}"
 
+# Fetches Redis 6.2, Redis 8.6 and Valkey 9.1 server programs into /var/tmp/outbox-redis-next
+# without installing anything system-wide; it sits in the shared folder beside this repository.
+REDIS_NEXT="${OUTBOX_REDIS_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/tools/redis-next}"
+# The integration tests that scripts/test.sh runs against each of those servers as well: the
+# exactly-once, topology (Cluster, Sentinel, TLS), ACL, outage and consumer tests.
+REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes_and_outages)
+
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 

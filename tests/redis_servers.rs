@@ -161,3 +161,42 @@ fn trimming_keeps_what_a_consumer_group_has_not_acknowledged() {
         "{left} entries after acknowledging them all"
     );
 }
+
+/// The README's rules for a Redis user that deduplicates with IDMP, limited to the stream
+/// prefix: events go out with IDMP and no refusal. Only a server with IDMP can show it.
+#[test]
+fn the_readme_redis_user_for_idmp_publishes_with_idmp() {
+    let redis = Redis::start();
+    if !redis.has_idmp() {
+        eprintln!("skipped: {:?} has no IDMP", redis.version());
+        return;
+    }
+    let rules =
+        "on >pw ~app:* +ping +hello +auth +select +xadd +info +eval +exists +xinfo +xcfgset";
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("relay");
+    for rule in rules.split_whitespace() {
+        acl.arg(rule);
+    }
+    let _: () = redis.query(&acl);
+    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
+    let file = common::password_file("pw");
+    let pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_password_file", file.as_str()),
+        ("outbox.stream_prefix", "app:"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let ids = enqueue_many(&mut client, "orders", 150);
+    assert!(
+        wait_until(Duration::from_secs(30), || redis.ids("app:orders") == ids),
+        "not published: {:?}",
+        pg.worker_state()
+    );
+    assert_eq!(dedupe_shown(&pg).as_deref(), Some("idmp"));
+    assert!(!pg.log().contains("NOPERM"), "{}", pg.log());
+    let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("*"));
+    assert_eq!(keys, ["app:orders"]);
+}

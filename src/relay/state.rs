@@ -2,7 +2,8 @@
 //! when it starts waiting for the extension, finds it, or waits for a promotion, never one per
 //! pass. Under `outbox.database = '*'` a worker is quiet until it has found the extension. The
 //! same for what the Redis thread finds of the servers: a line when the way it deduplicates
-//! changes, and one when `outbox.stream_trim_acked` cannot be honoured there.
+//! changes, one when `outbox.stream_trim_acked` cannot be honoured there, and one when trimming
+//! by age starts failing.
 
 use outbox_redis::publish::Found;
 use outbox_redis::server::InUse;
@@ -157,6 +158,9 @@ impl Status {
                  node, and the relay writes to {}; trimming without it",
                 found.servers
             );
+        }
+        if let (Some(error), None) = (&found.trim_error, &self.found.trim_error) {
+            log!("outbox relay {index}: trimming by outbox.stream_max_age failed: {error}");
         }
         self.slot.set_dedupe(found.dedupe);
         self.found = found;

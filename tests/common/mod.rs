@@ -337,23 +337,9 @@ impl Redis {
         self.query(redis::cmd("XLEN").arg(stream))
     }
 
-    /// The server's product and version from `INFO server`, read here apart from the relay's
-    /// own reading: ("redis" or "valkey", (major, minor, patch)).
+    /// The server's product and version: see [`server_version`].
     pub fn version(&self) -> (String, (u32, u32, u32)) {
-        let info: String = self.query(redis::cmd("INFO").arg("server"));
-        let field = |name: &str| {
-            info.lines().find_map(|l| {
-                l.trim()
-                    .strip_prefix(&format!("{name}:"))
-                    .map(str::to_string)
-            })
-        };
-        let (product, version) = match field("valkey_version") {
-            Some(v) => ("valkey", v),
-            None => ("redis", field("redis_version").expect("no redis_version")),
-        };
-        let n: Vec<u32> = version.split('.').map(|p| p.parse().unwrap_or(0)).collect();
-        (product.to_string(), (n[0], n[1], n[2]))
+        server_version(&self.query::<String>(redis::cmd("INFO").arg("server")))
     }
 
     /// Whether `outbox.dedupe = auto` deduplicates with IDMP here: Redis 8.6.2 or later.
@@ -367,6 +353,24 @@ impl Redis {
         let (product, version) = self.version();
         product == "redis" && version >= (8, 2, 0)
     }
+}
+
+/// A server's product and version from its `INFO server` reply, read here apart from the
+/// relay's own reading: ("redis" or "valkey", (major, minor, patch)).
+pub fn server_version(info: &str) -> (String, (u32, u32, u32)) {
+    let field = |name: &str| {
+        info.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix(&format!("{name}:"))
+                .map(str::to_string)
+        })
+    };
+    let (product, version) = match field("valkey_version") {
+        Some(v) => ("valkey", v),
+        None => ("redis", field("redis_version").expect("no redis_version")),
+    };
+    let n: Vec<u32> = version.split('.').map(|p| p.parse().unwrap_or(0)).collect();
+    (product.to_string(), (n[0], n[1], n[2]))
 }
 
 impl Drop for Redis {

@@ -347,6 +347,32 @@ impl Cluster {
             .query(&mut self.client())
             .unwrap_or(0)
     }
+
+    /// Whether every primary runs Redis 8.6.2 or later, with IDMP.
+    pub fn has_idmp(&self) -> bool {
+        self.primaries().iter().all(|(_, port, _)| {
+            let node = self
+                .nodes
+                .iter()
+                .find(|n| n.port == *port)
+                .expect("no node");
+            let info: String = node.query(redis::cmd("INFO").arg("server")).unwrap();
+            let (product, version) = super::server_version(&info);
+            product == "redis" && version >= (8, 6, 2)
+        })
+    }
+
+    /// Every key the primaries hold.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        for (_, port, _) in self.primaries() {
+            let node = self.nodes.iter().find(|n| n.port == port).expect("no node");
+            let held: Vec<String> = node.query(redis::cmd("KEYS").arg("*")).unwrap();
+            keys.extend(held);
+        }
+        keys.sort();
+        keys
+    }
 }
 
 /// A primary with one replica, watched by three sentinels that know it as `master`.

@@ -4,6 +4,8 @@
 
 use std::collections::HashSet;
 
+use crate::encode::group_by_stream;
+use crate::idmp;
 use crate::link::{self, describe, Link};
 use crate::one_by_one::OneByOne;
 use crate::outcome::{Answer, Failed, Outcome};
@@ -70,6 +72,42 @@ fn load_script(connection: &mut Connection) -> Result<(), String> {
     Ok(())
 }
 
+/// Gives the chunk's streams that this connection has not seen to their IDMP window, in a round
+/// trip of their own before the events': an event added to a stream with a smaller window
+/// (Redis's default keeps 100 ids for 100 s) could be added again after a crash. A key that is
+/// not a stream is left to the XADDs, which fail their events; a refusal (`NOPERM`) refuses the
+/// chunk, whose events then wait, uncharged.
+fn size_windows(connection: &mut Connection, chunk: &Chunk) -> Result<(), Failed> {
+    let streams: Vec<String> = group_by_stream(&chunk.target.stream_prefix, chunk.events)
+        .into_iter()
+        .map(|(stream, _)| stream)
+        .filter(|stream| !connection.configured.contains(stream))
+        .collect();
+    if streams.is_empty() {
+        return Ok(());
+    }
+    let commands = streams
+        .iter()
+        .map(|stream| idmp::configure(stream, chunk.target.dedupe_ttl))
+        .collect();
+    let (values, _) = connection
+        .link
+        .pipeline(commands, 0)
+        .map_err(|e| Failed::Broken(describe(&e)))?;
+    for value in &values {
+        if let redis::Value::ServerError(e) = value {
+            if pipeline::is_server_wide(e.code()) {
+                return Err(Failed::Refused(format!(
+                    "cannot size a stream's IDMP window: {}",
+                    pipeline::reply_error(e)
+                )));
+            }
+        }
+    }
+    connection.configured.extend(streams);
+    Ok(())
+}
+
 /// Publishes a chunk; `Err` says why Redis could not be used at all (nothing may be marked).
 pub fn publish(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, String> {
     match send(slot, chunk) {
@@ -98,6 +136,7 @@ fn reopen(slot: &mut Option<Connection>, target: &Target) -> Result<(), String> 
 fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, String> {
     let mut results = Vec::with_capacity(chunk.events.len());
     let mut markers = Vec::new();
+    let mut trim_error = None;
     let mut stops = OneByOne::default();
     let mut cleanup = chunk.cleanup;
     for event in chunk.events {
@@ -114,8 +153,13 @@ fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Strin
         stops.sent(event, &answer.results);
         results.append(&mut answer.results);
         markers.append(&mut answer.markers);
+        trim_error = trim_error.or(answer.trim_error);
     }
-    Ok(Answer { results, markers })
+    Ok(Answer {
+        results,
+        markers,
+        trim_error,
+    })
 }
 
 /// Sends a chunk of one event. If it breaks the connection, which an earlier event may have
@@ -134,6 +178,7 @@ fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, S
                     return Ok(Answer {
                         results: vec![Outcome::Failed(error)],
                         markers: Vec::new(),
+                        trim_error: None,
                     });
                 }
             }
@@ -175,10 +220,12 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
     } else {
         ScriptCall::BySha
     };
+    if in_use == InUse::Idmp {
+        size_windows(connection, chunk)?;
+    }
     let shape = Shape {
         dedupe: in_use,
         acked: target.stream_trim_acked && connection.features.acked,
-        configured: &connection.configured,
     };
     let built = pipeline::build(chunk, script, &shape);
     let layout = built.layout;
@@ -202,11 +249,6 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
         }
         failure
     })?;
-    if let Some(connection) = slot.as_mut() {
-        connection
-            .configured
-            .extend(layout.configuring.iter().cloned());
-    }
     let wanted = target.wait_replicas;
     if wanted > 0 && resent {
         // Slots moved under the chunk: a WAIT now goes by the new map, and may ask a node whose

@@ -26,6 +26,8 @@ pub struct Markers {
 pub struct Answer {
     pub results: Vec<Outcome>,
     pub markers: Vec<Markers>,
+    /// Why trimming by age failed, if it did: the events are in their streams all the same.
+    pub trim_error: Option<String>,
 }
 
 /// Why a chunk could not be answered event by event.

@@ -1,10 +1,9 @@
 //! One round trip to Redis as a pipeline: the commands that publish a chunk of events (the
 //! dedupe script per stream, or plain XADDs, with IDMP or without), the deletion of markers
-//! whose batch committed, the streams' IDMP windows and trimming by age, and how the replies map
-//! back to events. No I/O here.
+//! whose batch committed, trimming by age, and how the replies map back to events. No I/O here.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -96,22 +95,18 @@ pub fn is_server_wide(code: &str) -> bool {
     )
 }
 
-/// What the connection a chunk goes out on can do and has done.
-pub struct Shape<'a> {
+/// What the connection a chunk goes out on can do.
+pub struct Shape {
     pub dedupe: InUse,
     /// Whether every node trims with `ACKED` (and `outbox.stream_trim_acked` asks for it).
     pub acked: bool,
-    /// Streams whose IDMP window this connection has seen to.
-    pub configured: &'a HashSet<String>,
 }
 
 /// How the pipeline's replies map back to events: per command, the batch positions it covers.
 pub struct Layout {
-    /// Replies to read before the events' (IDMP windows, trimming by age), which fail the chunk
-    /// only with a server-wide error.
+    /// Replies to trimming by age, read before the events': an error there fails no event (the
+    /// entries are in), and is reported beside the outcomes.
     leading: usize,
-    /// The streams whose window the leading commands see to.
-    pub configuring: Vec<String>,
     /// Whether the events' commands are dedupe script calls.
     script: bool,
     commands: Vec<Vec<usize>>,
@@ -159,30 +154,23 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
     let waits = target.wait_replicas > 0;
     let mut layout = Layout {
         leading: 0,
-        configuring: Vec::new(),
         script: shape.dedupe == InUse::Markers,
         commands: Vec::new(),
         markers: Vec::new(),
         slots: BTreeSet::new(),
     };
-    if shape.dedupe == InUse::Idmp || !target.stream_max_age.is_zero() {
+    if !target.stream_max_age.is_zero() {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let oldest_ms = now_ms.saturating_sub(target.stream_max_age.as_millis() as u64);
         for (stream, _) in group_by_stream(&target.stream_prefix, chunk.events) {
-            if shape.dedupe == InUse::Idmp && !shape.configured.contains(&stream) {
-                commands.push(idmp::configure(&stream, target.dedupe_ttl));
-                layout.configuring.push(stream.clone());
+            let mut trim = redis::cmd("XTRIM");
+            trim.arg(&stream).arg("MINID").arg("~").arg(oldest_ms);
+            if shape.acked {
+                trim.arg("ACKED");
             }
-            if !target.stream_max_age.is_zero() {
-                let mut trim = redis::cmd("XTRIM");
-                trim.arg(&stream).arg("MINID").arg("~").arg(oldest_ms);
-                if shape.acked {
-                    trim.arg("ACKED");
-                }
-                commands.push(trim);
-            }
+            commands.push(trim);
         }
         layout.leading = commands.len() - ignored;
     }
@@ -333,12 +321,10 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
         )));
     }
     let mut values = values.into_iter();
+    let mut trim_error = None;
     for value in values.by_ref().take(layout.leading) {
-        // A key that is not a stream is the XADDs' to report, per event.
         if let Value::ServerError(e) = value {
-            if is_server_wide(e.code()) {
-                return Err(Failed::Refused(reply_error(&e)));
-            }
+            trim_error.get_or_insert_with(|| format!("XTRIM: {}", reply_error(&e)));
         }
     }
     let mut results = vec![Outcome::Added; chunk.events.len()];
@@ -399,6 +385,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
     Ok(Answer {
         results,
         markers: layout.markers.clone(),
+        trim_error,
     })
 }
 
@@ -434,11 +421,10 @@ mod tests {
         }
     }
 
-    fn shape(dedupe: InUse) -> Shape<'static> {
+    fn shape(dedupe: InUse) -> Shape {
         Shape {
             dedupe,
             acked: false,
-            configured: Box::leak(Box::default()),
         }
     }
 
@@ -563,52 +549,24 @@ mod tests {
     }
 
     #[test]
-    fn idmp_names_the_lane_group_and_the_event_and_sizes_new_streams_first() {
+    fn idmp_names_the_lane_group_and_the_event() {
         let mut target = target(Dedupe::Auto);
         target.stream_maxlen = 1000;
-        let mut events = [event(7, "a"), event(8, "b"), event(9, "a")];
+        let mut events = [event(7, "a"), event(8, "b")];
         events[0].group = 3;
         events[0].created_at = 1_000;
         let chunk = chunk_of(&target, &events);
-        let configured: HashSet<String> = ["b".to_string()].into();
         let shape = Shape {
             dedupe: InUse::Idmp,
             acked: true,
-            configured: &configured,
         };
         let built = build(&chunk, ScriptCall::BySha, &shape);
-        // The window of "a" (`dedupe_ttl` of a second), which this connection has not seen to,
-        // then one XADD per event.
-        assert_eq!(built.layout.configuring, ["a"]);
-        assert_eq!(built.commands.len(), 4);
-        assert_eq!(args(&built.commands[0])[0], "EVAL");
-        assert_eq!(args(&built.commands[0])[3..], ["a", "1", "10000"]);
-        let first = args(&built.commands[1]);
+        assert_eq!(built.commands.len(), 2);
         assert_eq!(
-            first[..10],
+            args(&built.commands[0])[..10],
             ["XADD", "a", "ACKED", "MAXLEN", "~", "1000", "IDMP", "t:3", "7-1000", "*"]
         );
-        // The window's reply is not an event's: a key error there is left to the XADDs, a
-        // server-wide one refuses the chunk.
-        let added = || reply(b"$3\r\n1-1\r\n");
-        let wrongtype = || reply(b"-WRONGTYPE Operation against a key\r\n");
-        let Ok(answer) = read(
-            &chunk,
-            &built.layout,
-            vec![wrongtype(), added(), added(), added()],
-        ) else {
-            panic!("the window's key error failed the chunk");
-        };
-        assert_eq!(answer.results, vec![Outcome::Added; 3]);
-        let noperm = reply(b"-NOPERM no permissions to run the 'xcfgset' command\r\n");
-        assert!(matches!(
-            read(&chunk, &built.layout, vec![noperm, added(), added(), added()]),
-            Err(Failed::Refused(error)) if error.starts_with("NOPERM")
-        ));
-        assert!(matches!(
-            read(&chunk, &built.layout, vec![added(), added(), added()]),
-            Err(Failed::Broken(_))
-        ));
+        assert_eq!(args(&built.commands[1])[6..9], ["IDMP", "t:0", "8-0"]);
     }
 
     #[test]
@@ -631,6 +589,20 @@ mod tests {
             "{oldest}"
         );
         assert_eq!(args(&built.commands[1])[..3], ["XADD", "a", "*"]);
+        // A failed trim fails no event: it is reported beside them.
+        let added = || reply(b"$3\r\n1-1\r\n");
+        let noperm = reply(b"-NOPERM no permissions to run the 'xtrim' command\r\n");
+        let Ok(answer) = read(&chunk, &built.layout, vec![noperm, added(), added()]) else {
+            panic!("a failed trim failed the chunk");
+        };
+        assert_eq!(answer.results, vec![Outcome::Added; 2]);
+        assert!(answer
+            .trim_error
+            .is_some_and(|e| e.starts_with("XTRIM: NOPERM")));
+        assert!(matches!(
+            read(&chunk, &built.layout, vec![added(), added()]),
+            Err(Failed::Broken(_))
+        ));
     }
 
     #[test]

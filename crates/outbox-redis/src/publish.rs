@@ -67,6 +67,8 @@ pub struct Found {
     pub servers: String,
     /// Whether every one of them trims with `ACKED`.
     pub acked: bool,
+    /// Why the last chunk's trimming by age failed, if it did.
+    pub trim_error: Option<String>,
 }
 
 /// The main thread's end of the channel to the Redis thread.
@@ -232,6 +234,7 @@ impl RedisSide {
                     dedupe: connection.in_use,
                     servers: connection.features.servers.clone(),
                     acked: connection.features.acked,
+                    trim_error: result.as_ref().ok().and_then(|a| a.trim_error.clone()),
                 };
             }
         }

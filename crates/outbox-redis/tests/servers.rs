@@ -246,3 +246,47 @@ fn entries_older_than_the_max_age_are_trimmed() {
     let left = redis.xlen("aged");
     assert!(left <= 101, "old entries stayed: {left}");
 }
+
+/// A Redis user that may not run the script sizing a stream's window gets nothing in: the window
+/// is seen to in a round trip before the events', so no event goes into a stream whose window
+/// (Redis's default keeps 100 ids for 100 s) could not absorb its republication.
+#[test]
+fn a_window_the_user_may_not_size_keeps_every_event_out() {
+    use std::os::unix::fs::PermissionsExt;
+    let redis = Redis::start();
+    let has = features(&redis);
+    if !has.idmp {
+        eprintln!("skipped: {} has no IDMP", has.servers);
+        return;
+    }
+    let _: () = redis.query(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("relay")
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("+@all")
+            .arg("-@scripting"),
+    );
+    let file = std::env::temp_dir().join(format!("outbox-servers-{}.pw", std::process::id()));
+    std::fs::write(&file, "pw\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut settings = target(
+        &format!("redis://relay@127.0.0.1:{}", redis.port),
+        "",
+        Dedupe::Idmp,
+    );
+    settings.password_file = file.display().to_string();
+    let publisher = Publisher::spawn(settings);
+    match publish(&publisher, vec![event(1, "orders"), event(2, "orders")]) {
+        Reply::Unavailable(error) => assert!(error.contains("NOPERM"), "{error}"),
+        Reply::Answered(outcomes, _) => panic!("answered: {outcomes:?}"),
+    }
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(
+        redis.xlen("orders"),
+        0,
+        "events went in past a refused window"
+    );
+}
