@@ -768,10 +768,15 @@ fn sigkill_every_150ms_loses_nothing_and_duplicates_nothing() {
     let absorbed = if redis.has_idmp() {
         assert_eq!(keys, ["kills"], "keys beside the stream");
         let info: Vec<redis::Value> = redis.query(redis::cmd("XINFO").arg("STREAM").arg("kills"));
-        info.chunks(2)
+        let absorbed = info
+            .chunks(2)
             .find(|kv| kv[0] == redis::Value::BulkString(b"iids-duplicates".to_vec()))
-            .map(|kv| format!("{:?} by IDMP", kv[1]))
-            .unwrap_or_default()
+            .map(|kv| kv[1].clone());
+        assert!(
+            matches!(absorbed, Some(redis::Value::Int(n)) if n > 0),
+            "IDMP absorbed nothing: the kills republished nothing"
+        );
+        format!("{absorbed:?} duplicates absorbed by IDMP")
     } else {
         format!("{} marker keys left", keys.len() - 1)
     };
@@ -780,7 +785,7 @@ fn sigkill_every_150ms_loses_nothing_and_duplicates_nothing() {
         expected.len(),
         redis.version()
     );
-    assert!(kills >= 5, "only {kills} kills");
+    assert!(kills >= 2, "only {kills} kills");
 }
 
 /// The same on a Redis Cluster of three primaries and three replicas.
@@ -794,7 +799,7 @@ fn on_a_cluster_sigkill_every_150ms_loses_nothing_and_duplicates_nothing() {
         ("outbox.poll_interval", "100ms"),
     ]);
     let urls = cluster.urls();
-    let (expected, kills) = drain_killed_every_150ms(&mut pg, &urls, kill_events() / 2);
+    let (expected, kills) = drain_killed_every_150ms(&mut pg, &urls, kill_events());
     let published = cluster.ids("kills");
     let unique: BTreeSet<i64> = published.iter().copied().collect();
     assert_eq!(
@@ -809,8 +814,9 @@ fn on_a_cluster_sigkill_every_150ms_loses_nothing_and_duplicates_nothing() {
         assert_eq!(keys, ["kills"], "keys beside the stream");
     }
     eprintln!(
-        "cluster: {} events, {kills} kills 150 ms apart: 0 lost, 0 duplicates; keys {keys:?}",
-        expected.len()
+        "cluster: {} events, {kills} kills 150 ms apart: 0 lost, 0 duplicates; {} keys",
+        expected.len(),
+        keys.len()
     );
-    assert!(kills >= 3, "only {kills} kills");
+    assert!(kills >= 2, "only {kills} kills");
 }
