@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::encode::group_by_stream;
+use crate::encode::{group_by_stream, stream_key, Event};
 use crate::idmp;
 use crate::link::{self, describe, Link};
 use crate::one_by_one::OneByOne;
@@ -159,6 +159,7 @@ fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Strin
         results,
         markers,
         trim_error,
+        missing: Vec::new(),
     })
 }
 
@@ -179,6 +180,7 @@ fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, S
                         results: vec![Outcome::Failed(error)],
                         markers: Vec::new(),
                         trim_error: None,
+                        missing: Vec::new(),
                     });
                 }
             }
@@ -186,10 +188,47 @@ fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, S
     }
 }
 
+/// Sends the chunk as [`send_once`] does; with IDMP, events whose stream was gone (deleted or
+/// flushed since this connection gave it its window) go again once the stream has it.
+pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Failed> {
+    let mut answer = send_once(slot, chunk)?;
+    if answer.missing.is_empty() {
+        return Ok(answer);
+    }
+    let again: Vec<Event> = answer
+        .missing
+        .iter()
+        .map(|&p| chunk.events[p].clone())
+        .collect();
+    if let Some(connection) = slot.as_mut() {
+        for event in &again {
+            let stream = stream_key(&chunk.target.stream_prefix, &event.topic);
+            connection.configured.remove(&stream);
+        }
+    }
+    let retry = Chunk {
+        target: chunk.target,
+        events: &again,
+        cleanup: &[],
+    };
+    let second = send_once(slot, &retry)?;
+    if !second.missing.is_empty() {
+        return Err(Failed::Refused(
+            "streams were deleted again as soon as the relay created them".into(),
+        ));
+    }
+    for (outcome, &p) in second.results.into_iter().zip(&answer.missing) {
+        answer.results[p] = outcome;
+    }
+    answer.missing.clear();
+    answer.trim_error = answer.trim_error.or(second.trim_error);
+    Ok(answer)
+}
+
 /// Sends the chunk as one pipeline on the slot's connection (one per node of a cluster),
 /// opening one if needed; with `outbox.redis_wait_replicas`, waits for the replicas before it
 /// answers.
-pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Failed> {
+fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Failed> {
     let target = chunk.target;
     let reusable = matches!(slot, Some(c) if same_link(&c.opened_for, target));
     if !reusable {

@@ -28,6 +28,10 @@ pub struct Answer {
     pub markers: Vec<Markers>,
     /// Why trimming by age failed, if it did: the events are in their streams all the same.
     pub trim_error: Option<String>,
+    /// Positions of events not added because their stream did not exist: with IDMP an XADD
+    /// creates no stream (`NOMKSTREAM`), since a stream created so would lack its window. They
+    /// go again once the stream has it.
+    pub missing: Vec<usize>,
 }
 
 /// Why a chunk could not be answered event by event.

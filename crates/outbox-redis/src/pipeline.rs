@@ -109,6 +109,8 @@ pub struct Layout {
     leading: usize,
     /// Whether the events' commands are dedupe script calls.
     script: bool,
+    /// Whether they are XADDs with IDMP, which answer nil when their stream does not exist.
+    idmp: bool,
     commands: Vec<Vec<usize>>,
     markers: Vec<Markers>,
     /// The hash slots of the streams written, for `WAIT` on a cluster (gathered only then).
@@ -155,6 +157,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
     let mut layout = Layout {
         leading: 0,
         script: shape.dedupe == InUse::Markers,
+        idmp: shape.dedupe == InUse::Idmp,
         commands: Vec::new(),
         markers: Vec::new(),
         slots: BTreeSet::new(),
@@ -266,6 +269,9 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
             }
             let mut cmd = redis::cmd("XADD");
             cmd.arg(stream);
+            if layout.idmp {
+                cmd.arg("NOMKSTREAM");
+            }
             trim_args(&mut cmd, target, shape.acked);
             if shape.dedupe == InUse::Idmp {
                 cmd.arg("IDMP")
@@ -328,6 +334,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
         }
     }
     let mut results = vec![Outcome::Added; chunk.events.len()];
+    let mut missing = Vec::new();
     for (value, positions) in values.zip(&layout.commands) {
         match value {
             Value::ServerError(e) => {
@@ -375,6 +382,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                 }
             }
             Value::BulkString(_) | Value::SimpleString(_) if !layout.script => {}
+            Value::Nil if layout.idmp => missing.extend_from_slice(positions),
             other => {
                 return Err(Failed::Broken(format!(
                     "unexpected reply from Redis: {other:?}"
@@ -386,6 +394,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
         results,
         markers: layout.markers.clone(),
         trim_error,
+        missing,
     })
 }
 
@@ -563,10 +572,28 @@ mod tests {
         let built = build(&chunk, ScriptCall::BySha, &shape);
         assert_eq!(built.commands.len(), 2);
         assert_eq!(
-            args(&built.commands[0])[..10],
-            ["XADD", "a", "ACKED", "MAXLEN", "~", "1000", "IDMP", "t:3", "7-1000", "*"]
+            args(&built.commands[0])[..11],
+            [
+                "XADD",
+                "a",
+                "NOMKSTREAM",
+                "ACKED",
+                "MAXLEN",
+                "~",
+                "1000",
+                "IDMP",
+                "t:3",
+                "7-1000",
+                "*"
+            ]
         );
-        assert_eq!(args(&built.commands[1])[6..9], ["IDMP", "t:0", "8-0"]);
+        assert_eq!(args(&built.commands[1])[7..10], ["IDMP", "t:0", "8-0"]);
+        // A stream that does not exist adds nothing, and its events are named to go again.
+        let added = || reply(b"$3\r\n1-1\r\n");
+        let Ok(answer) = read(&chunk, &built.layout, vec![added(), reply(b"_\r\n")]) else {
+            panic!("a missing stream failed the chunk");
+        };
+        assert_eq!(answer.missing, [1]);
     }
 
     #[test]

@@ -290,3 +290,37 @@ fn a_window_the_user_may_not_size_keeps_every_event_out() {
         "events went in past a refused window"
     );
 }
+
+/// A stream deleted (or flushed) after the connection gave it its window is not created again
+/// without one: IDMP's XADD creates no stream, and its events go again once the stream has its
+/// window, within the same chunk.
+#[test]
+fn a_stream_deleted_behind_the_relay_gets_its_window_again() {
+    let redis = Redis::start();
+    let has = features(&redis);
+    if !has.idmp {
+        eprintln!("skipped: {} has no IDMP", has.servers);
+        return;
+    }
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp));
+    assert_eq!(
+        outcomes(publish(&publisher, vec![event(1, "gone")])),
+        [Outcome::Added]
+    );
+    let _: i64 = redis.query(redis::cmd("DEL").arg("gone"));
+    assert_eq!(
+        outcomes(publish(
+            &publisher,
+            vec![event(2, "gone"), event(3, "kept"), event(4, "gone")]
+        )),
+        [Outcome::Added, Outcome::Added, Outcome::Added]
+    );
+    assert_eq!(redis.ids("gone"), [2, 4]);
+    let info = xinfo(&redis, "gone");
+    assert_eq!(
+        int(info.get("idmp-maxsize")),
+        10_000,
+        "created without its window"
+    );
+    assert_eq!(int(info.get("iids-tracked")), 2);
+}
