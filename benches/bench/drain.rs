@@ -24,7 +24,7 @@ const POLL_NEAR: Duration = Duration::from_millis(1);
 /// added 10 ms on average to drains of under a second, which the in-server ceiling (timed by
 /// its statement's return) does not carry; polling every millisecond throughout would take CPU
 /// from the relay it times.
-fn until_stream_holds(redis: &Redis, stream: &str, n: usize) -> Instant {
+pub(crate) fn until_stream_holds(redis: &Redis, stream: &str, n: usize) -> Instant {
     let timeout = Duration::from_secs(600);
     let mut conn = redis.conn();
     let started = Instant::now();

@@ -24,6 +24,7 @@ mod report;
 mod cluster;
 mod databases;
 mod history;
+mod idmp;
 mod keys;
 mod latency;
 mod relay;
@@ -43,6 +44,7 @@ use write::{PGBENCH_SECONDS, WRITE_PAIRS, WRITE_REPS};
 use cluster::cluster_relay;
 use databases::idle_databases;
 use history::history;
+use idmp::idmp_against_markers;
 use keys::keys;
 use latency::{latency, latency_at_5000};
 use relay::relay_throughput;
@@ -64,7 +66,7 @@ fn main() {
         .unwrap()
         .get(0);
 
-    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases,keys runs a subset.
+    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases,idmp,keys runs a subset.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     if wanted("write") {
@@ -96,6 +98,9 @@ fn main() {
     }
     if wanted("databases") {
         idle_databases(&mut pg, &redis, &mut report);
+    }
+    if wanted("idmp") {
+        idmp_against_markers(&mut pg, &redis, &mut report);
     }
     // keys-write, keys-trace, keys-workers, keys-held, keys-delayed and keys-spill run one
     // case of it.

@@ -1,0 +1,119 @@
+//! `BENCH_ONLY=idmp`: deduplication by Redis's IDMP against markers, on Redis 8.6 (the program
+//! `OUTBOX_BENCH_REDIS8` names; scripts/bench.sh points it at redis-next's). The same backlog
+//! of one topic is drained at batch 1000 with `outbox.dedupe = idmp` and `= markers`, taking
+//! turns, five pairs; the drain rate's ratio is the median of the pairs'. Redis's memory per
+//! published event is `used_memory` after the drain (once the relay has deleted what it
+//! deletes: the markers of durable batches) less before it, over the events, beside the same
+//! for markers.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::common::{wait_until, Pg, Redis};
+use crate::drain::{alternating, until_stream_holds, BACKLOG};
+use crate::harness::{fresh_table, set_and_wait};
+use crate::report::{median, paired_ratio_each, Report};
+
+fn used_memory(redis: &Redis) -> f64 {
+    let info: String = redis.query(redis::cmd("INFO").arg("memory"));
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("used_memory:"))
+        .and_then(|v| v.parse().ok())
+        .expect("no used_memory in INFO memory")
+}
+
+pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Report) {
+    let Ok(program) = std::env::var("OUTBOX_BENCH_REDIS8") else {
+        println!("idmp: skipped, OUTBOX_BENCH_REDIS8 names no Redis 8.6");
+        return;
+    };
+    let n = BACKLOG;
+    println!("8. IDMP against markers on Redis 8.6 ({n} events, batch 1000)");
+    let previous = std::env::var("OUTBOX_TEST_REDIS_SERVER").ok();
+    std::env::set_var("OUTBOX_TEST_REDIS_SERVER", &program);
+    let redis8 = Redis::start();
+    match &previous {
+        Some(value) => std::env::set_var("OUTBOX_TEST_REDIS_SERVER", value),
+        None => std::env::remove_var("OUTBOX_TEST_REDIS_SERVER"),
+    }
+    let url = redis8.relay_url();
+    let mut memory: HashMap<&str, Vec<f64>> = HashMap::new();
+    let runs = alternating(["markers", "idmp"], |side| {
+        let expect = format!("dedupe={side} ");
+        set_and_wait(
+            pg,
+            &[
+                ("outbox.redis_url", url.as_str()),
+                ("outbox.batch_size", "1000"),
+                ("outbox.dedupe", side),
+            ],
+            &[&expect, "batch_size=1000 "],
+        );
+        let mut client = pg.connect();
+        fresh_table(&mut client);
+        client
+            .batch_execute("SET outbox.notify_channel = ''")
+            .unwrap();
+        let before = used_memory(&redis8);
+        client
+            .execute(
+                "SELECT outbox_enqueue('idmp', jsonb_build_object('account_id', g, 'email', \
+                 'user' || g || '@example.com')) FROM generate_series(1::bigint, $1) g",
+                &[&n],
+            )
+            .unwrap();
+        let committed = Instant::now();
+        let secs = until_stream_holds(&redis8, "idmp", n as usize)
+            .duration_since(committed)
+            .as_secs_f64();
+        assert!(wait_until(Duration::from_secs(60), || client
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+                &[]
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0));
+        // Past the relay's own flush (200 ms) and its idle clean-up of markers (20 ms).
+        std::thread::sleep(Duration::from_millis(500));
+        let markers: Vec<String> = redis8.query(redis::cmd("KEYS").arg("outbox:dedupe:*"));
+        if side == "idmp" {
+            assert!(markers.is_empty(), "IDMP left marker keys");
+        }
+        memory
+            .entry(side)
+            .or_default()
+            .push((used_memory(&redis8) - before) / n as f64);
+        let _: i64 = redis8.query(redis::cmd("DEL").arg("idmp"));
+        n as f64 / secs
+    });
+    let main_url = redis.relay_url();
+    set_and_wait(
+        pg,
+        &[("outbox.redis_url", main_url.as_str())],
+        &[&format!("redis_url={main_url} ")],
+    );
+    report.row(
+        "relay on Redis 8.6, batch 1000, dedupe idmp",
+        format!("{:.0} events/s", median(runs["idmp"].clone())),
+        format!(
+            "{:.0} events/s (dedupe markers, same server)",
+            median(runs["markers"].clone())
+        ),
+        paired_ratio_each(&runs["idmp"], &runs["markers"]),
+        ">= 1",
+    );
+    let idmp = median(memory["idmp"].clone());
+    let markers = median(memory["markers"].clone());
+    report.row(
+        "Redis memory per published event, dedupe idmp",
+        format!("{idmp:.1} bytes"),
+        format!("{markers:.1} bytes (dedupe markers)"),
+        format!(
+            "{:.3} (medians of {} drains each)",
+            idmp / markers,
+            memory["idmp"].len()
+        ),
+        "< 1",
+    );
+}
