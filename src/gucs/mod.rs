@@ -391,7 +391,7 @@ fn init_reloadable() {
     );
     GucRegistry::define_int_guc(
         c"outbox.dedupe_ttl",
-        c"How long a dedupe marker left behind by a relay crash lives in Redis.",
+        c"How long a dedupe marker left behind by a relay crash lives in Redis, and IDMP's window (at most 24 h).",
         c"",
         &DEDUPE_TTL_S,
         1,

@@ -32,8 +32,8 @@ const PINNED: &[(&CStr, &str)] = &[
     (c"jit", "off"),
     (c"max_parallel_workers_per_gather", "0"),
     // The relay's statements are planned once and kept, and their plans never scan the table.
-    // Left to itself, the plan cache re-planned the claim on every pass (a tenth of the
-    // worker's CPU under a stream of commits), and a generic plan built while the table held a
+    // Left to itself, the plan cache re-planned the claim on every pass, a cost paid per
+    // batch under a stream of commits, and a generic plan built while the table held a
     // page or two was a sequential scan, kept through the next burst until autoanalyze ran.
     // With sequential scans and sorts priced out, every plan walks an index (the claims the
     // partial indexes of unpublished rows, which alone give their order, see `sql.rs`; the

@@ -96,9 +96,9 @@ pub fn claim_args(with_id: bool) -> Vec<pg_sys::Oid> {
 /// The guarded form returns every row it takes, in order, and says of each whether an earlier
 /// event of its key that failed or is held holds it back ([`held_back`]): the relay holds those
 /// in the same transaction. It does not pass them by: a claim that passed by the events behind
-/// a failed key read every one of them again in every pass (20,000 events of one rejected topic
-/// made each claim take 80 ms), where one that takes them reads at most its limit, and never
-/// again once they are held. Their payload and headers stay unread.
+/// a failed key read every one of them again in every pass, so that each claim cost as much as
+/// the key's backlog, where one that takes them reads at most its limit, and never again once
+/// they are held. Their payload and headers stay unread.
 pub fn claim_sql(schema: &str, table: &str, filter: &str, order: &str, guarded: bool) -> String {
     let rows = format!(
         "FROM {schema}.{table} o \
@@ -125,8 +125,8 @@ pub fn claim_sql(schema: &str, table: &str, filter: &str, order: &str, guarded: 
 /// row `t` failed or is held, and is not yet published: that one goes first, or to outbox_dead.
 /// The index `outbox_failing` holds those events by lane and the start of the key, so the check
 /// reads only the entries of the same key, and stops at the first. `OFFSET 0` keeps the planner
-/// from turning it into a join that reads every failed event (a hash of 30,000 of them took
-/// 50 ms a claim); as a subquery run per row, it is one index probe per partition.
+/// from turning it into a join that reads every failed event (a hash of all of them, built for
+/// every claim); as a subquery run per row, it is one index probe per partition.
 fn held_back(schema: &str, t: &str) -> String {
     format!(
         "EXISTS (SELECT FROM {schema}.outbox f \

@@ -79,7 +79,8 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub fn spawn(target: Target) -> Publisher {
+    /// Starts the Redis thread; `Err` if the system would not start a thread.
+    pub fn spawn(target: Target) -> std::io::Result<Publisher> {
         let (commands, incoming) = crossbeam_channel::unbounded::<Command>();
         let (outgoing, replies) = crossbeam_channel::unbounded::<Reply>();
         // The thread is born with every signal blocked (a thread inherits its creator's mask):
@@ -92,12 +93,12 @@ impl Publisher {
             .name("outbox-redis".into())
             .spawn(move || RedisSide::new(target, shared).serve(incoming, outgoing));
         restore_signals(&previous);
-        spawned.expect("could not start the Redis thread");
-        Publisher {
+        spawned?;
+        Ok(Publisher {
             commands,
             replies,
             found,
-        }
+        })
     }
 
     /// What the Redis thread last found of the servers (nothing before its first chunk).

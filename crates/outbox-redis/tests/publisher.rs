@@ -26,7 +26,7 @@ fn outcomes(reply: Reply) -> Vec<Outcome> {
 fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
     let redis = Redis::start();
     for (prefix, dedupe) in [("plain:", Dedupe::Off), ("dedupe:", Dedupe::Markers)] {
-        let publisher = Publisher::spawn(target(&redis.url(), prefix, dedupe));
+        let publisher = Publisher::spawn(target(&redis.url(), prefix, dedupe)).expect("cannot start the Redis thread");
         let mut events = vec![event(1, "orders"), event(2, "orders"), event(3, "users")];
         events[1].key = Some("order-2".into());
         events[1].headers = Some(r#"{"traceparent": "00-1-2-01"}"#.into());
@@ -83,7 +83,7 @@ fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
 #[test]
 fn a_batch_published_again_with_dedupe_on_adds_nothing() {
     let redis = Redis::start();
-    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Markers));
+    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Markers)).expect("cannot start the Redis thread");
     let batch = || vec![event(1, "orders"), event(2, "orders"), event(65, "orders")];
     assert!(outcomes(publish(&publisher, batch()))
         .iter()
@@ -123,7 +123,7 @@ fn a_batch_published_again_with_dedupe_on_adds_nothing() {
 #[test]
 fn a_stopped_redis_is_unavailable_and_a_restarted_one_works_again() {
     let mut redis = Redis::start();
-    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Markers));
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Markers)).expect("cannot start the Redis thread");
     assert_eq!(
         outcomes(publish(&publisher, vec![event(1, "orders")])),
         [Outcome::Added]
@@ -150,7 +150,7 @@ fn a_stopped_redis_is_unavailable_and_a_restarted_one_works_again() {
 #[test]
 fn settings_the_link_cannot_use_are_reported_not_logged() {
     let mut settings = target("redis://127.0.0.1:1,redis://127.0.0.1:2", "", Dedupe::Off);
-    let publisher = Publisher::spawn(settings.clone());
+    let publisher = Publisher::spawn(settings.clone()).expect("cannot start the Redis thread");
     match publish(&publisher, vec![event(1, "orders")]) {
         Reply::Unavailable(error) => assert!(
             error.contains("lists 2 URLs") && error.contains("outbox.redis_mode"),

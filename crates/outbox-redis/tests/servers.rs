@@ -54,7 +54,7 @@ fn int(value: Option<&redis::Value>) -> i64 {
 fn auto_dedupes_with_idmp_where_the_server_has_it_and_markers_elsewhere() {
     let redis = Redis::start();
     let has = features(&redis);
-    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Auto));
+    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Auto)).expect("cannot start the Redis thread");
     let batch = || {
         let mut events = vec![event(1, "orders"), event(2, "orders"), event(3, "users")];
         events[1].group = 7;
@@ -97,7 +97,7 @@ fn auto_dedupes_with_idmp_where_the_server_has_it_and_markers_elsewhere() {
 fn idmp_is_refused_where_the_server_lacks_it_and_tells_reused_ids_apart() {
     let redis = Redis::start();
     let has = features(&redis);
-    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp));
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp)).expect("cannot start the Redis thread");
     let reply = publish(&publisher, vec![event(1, "orders")]);
     if !has.idmp {
         match reply {
@@ -137,7 +137,7 @@ fn a_streams_window_is_only_ever_made_larger() {
             .arg("IDMP-MAXSIZE")
             .arg(10_000),
     );
-    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp));
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp)).expect("cannot start the Redis thread");
     assert_eq!(
         outcomes(publish(
             &publisher,
@@ -172,7 +172,7 @@ fn trimming_keeps_what_a_group_has_not_acknowledged_where_the_server_can() {
     let mut settings = target(&redis.url(), "", Dedupe::Auto);
     settings.stream_maxlen = 100;
     settings.stream_trim_acked = true;
-    let publisher = Publisher::spawn(settings);
+    let publisher = Publisher::spawn(settings).expect("cannot start the Redis thread");
     for chunk in 0..20 {
         let events = (1..=100).map(|n| event(chunk * 100 + n, "t")).collect();
         assert!(outcomes(publish(&publisher, events))
@@ -233,7 +233,7 @@ fn entries_older_than_the_max_age_are_trimmed() {
     let redis = Redis::start();
     let mut settings = target(&redis.url(), "", Dedupe::Auto);
     settings.stream_max_age = Duration::from_secs(1);
-    let publisher = Publisher::spawn(settings);
+    let publisher = Publisher::spawn(settings).expect("cannot start the Redis thread");
     let old: Vec<_> = (1..=300).map(|n| event(n, "aged")).collect();
     assert_eq!(outcomes(publish(&publisher, old)).len(), 300);
     assert_eq!(redis.xlen("aged"), 300);
@@ -278,7 +278,7 @@ fn a_window_the_user_may_not_size_keeps_every_event_out() {
         Dedupe::Idmp,
     );
     settings.password_file = file.display().to_string();
-    let publisher = Publisher::spawn(settings);
+    let publisher = Publisher::spawn(settings).expect("cannot start the Redis thread");
     match publish(&publisher, vec![event(1, "orders"), event(2, "orders")]) {
         Reply::Unavailable(error) => assert!(error.contains("NOPERM"), "{error}"),
         Reply::Answered(outcomes, _) => panic!("answered: {outcomes:?}"),
@@ -302,7 +302,7 @@ fn a_stream_deleted_behind_the_relay_gets_its_window_again() {
         eprintln!("skipped: {} has no IDMP", has.servers);
         return;
     }
-    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp));
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp)).expect("cannot start the Redis thread");
     assert_eq!(
         outcomes(publish(&publisher, vec![event(1, "gone")])),
         [Outcome::Added]
