@@ -162,8 +162,9 @@ fn trimming_keeps_what_a_consumer_group_has_not_acknowledged() {
     );
 }
 
-/// The README's rules for a Redis user that deduplicates with IDMP, limited to the stream
-/// prefix: events go out with IDMP and no refusal. Only a server with IDMP can show it.
+/// The README's rules for a Redis user that deduplicates with IDMP (its minimal user's, and the
+/// IDMP additions), limited to the stream prefix: events go out with IDMP and no refusal. Only a
+/// server with IDMP can show it.
 #[test]
 fn the_readme_redis_user_for_idmp_publishes_with_idmp() {
     let redis = Redis::start();

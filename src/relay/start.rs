@@ -97,9 +97,8 @@ fn relay(
         index,
         share,
         slot,
-        publisher: Publisher::spawn(settings.target.clone()).unwrap_or_else(|e| {
-            error!("outbox relay {index}: cannot start its Redis thread: {e}")
-        }),
+        publisher: Publisher::spawn(settings.target.clone())
+            .unwrap_or_else(|e| error!("outbox relay {index}: cannot start its Redis thread: {e}")),
         settings,
         extension: Extension::default(),
         status: Status::new(index, database, probing, slot),

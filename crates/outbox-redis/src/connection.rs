@@ -9,7 +9,8 @@ use crate::idmp;
 use crate::link::{self, describe, Link};
 use crate::one_by_one::OneByOne;
 use crate::outcome::{Answer, Failed, Outcome};
-use crate::pipeline::{self, Chunk, ScriptCall, Shape, DEDUPE_SCRIPT};
+use crate::pipeline::{self, Chunk, Shape};
+use crate::scripts::{ScriptCall, DEDUPE, IDMP};
 use crate::server::{self, Features, InUse};
 use crate::target::Target;
 
@@ -61,12 +62,14 @@ fn connect(target: &Target) -> Result<Connection, String> {
 /// has forgotten it; a NOSCRIPT reply counts as a lost connection.
 fn load_script(connection: &mut Connection) -> Result<(), String> {
     if !connection.script_loaded && !connection.link.is_cluster() {
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(DEDUPE_SCRIPT);
-        connection
-            .link
-            .run::<String>(&load)
-            .map_err(|e| describe(&e))?;
+        for script in [DEDUPE, IDMP] {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(script);
+            connection
+                .link
+                .run::<String>(&load)
+                .map_err(|e| describe(&e))?;
+        }
         connection.script_loaded = true;
     }
     Ok(())
@@ -245,12 +248,11 @@ fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fai
     };
     let in_use = server::choose(target.dedupe, &connection.features).map_err(Failed::Refused)?;
     connection.in_use = Some(in_use);
-    if in_use == InUse::Markers {
+    if in_use != InUse::Off {
         if let Err(e) = load_script(connection) {
             *slot = None;
             return Err(Failed::Refused(format!(
-                "cannot load the dedupe script (dedupe with markers needs EVALSHA and SCRIPT \
-                 LOAD): {e}"
+                "cannot load the dedupe scripts (outbox.dedupe needs EVALSHA and SCRIPT LOAD): {e}"
             )));
         }
     }

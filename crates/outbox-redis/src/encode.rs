@@ -207,6 +207,21 @@ pub fn group_by_stream(prefix: &str, events: &[Event]) -> Vec<(String, Vec<usize
     groups
 }
 
+/// How a script learns which of each event's optional fields follow its payload and created_at:
+/// one character per event at `positions`, `-` neither, `k` its key, `h` its headers, `b` both
+/// (key first).
+pub fn optional_fields(events: &[Event], positions: &[usize]) -> String {
+    positions
+        .iter()
+        .map(|&p| match (&events[p].key, &events[p].headers) {
+            (None, None) => '-',
+            (Some(_), None) => 'k',
+            (None, Some(_)) => 'h',
+            (Some(_), Some(_)) => 'b',
+        })
+        .collect()
+}
+
 /// Seconds between 1970-01-01 and 2000-01-01, PostgreSQL's epoch.
 const PG_EPOCH_UNIX_SECONDS: i64 = 946_684_800;
 

@@ -12,34 +12,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redis::{Cmd, Value};
 
 use crate::encode::{
-    group_by_stream, key_slot, marker_key, marker_period, rfc3339, shard_runs, stream_key, Event,
+    group_by_stream, key_slot, marker_key, marker_period, optional_fields, rfc3339, shard_runs,
+    stream_key, Event,
 };
 use crate::idmp;
 use crate::outcome::{Answer, Failed, Markers, Outcome};
+use crate::scripts::{ScriptCall, DEDUPE_SCRIPT};
 use crate::server::InUse;
 use crate::target::Target;
-
-pub const DEDUPE_SCRIPT: &str = include_str!("dedupe.lua");
-
-/// The script as a cluster is sent it, with every call: without its comment lines and
-/// indentation, half the bytes.
-fn dedupe_script_compact() -> &'static str {
-    static COMPACT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    COMPACT.get_or_init(|| {
-        DEDUPE_SCRIPT
-            .lines()
-            .map(str::trim)
-            .filter(|line| !line.is_empty() && !line.starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    })
-}
-
-/// The script's SHA1, by which chunks call it (`EVALSHA`) once a connection has loaded it.
-fn dedupe_script_sha() -> &'static str {
-    static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SHA.get_or_init(|| redis::Script::new(DEDUPE_SCRIPT).get_hash().to_string())
-}
 
 /// The hash field a script call's markers go to: unique to the call, among all the relay's
 /// processes, so that a call never overwrites the markers another left (in a retry after a
@@ -107,22 +87,14 @@ pub struct Layout {
     /// Replies to trimming by age, read before the events': an error there fails no event (the
     /// entries are in), and is reported beside the outcomes.
     leading: usize,
-    /// Whether the events' commands are dedupe script calls.
+    /// Whether the events' commands are script calls (markers' or IDMP's).
     script: bool,
-    /// Whether they are XADDs with IDMP, which answer nil when their stream does not exist.
+    /// Whether they are IDMP's, which answer `missing` when their stream does not exist.
     idmp: bool,
     commands: Vec<Vec<usize>>,
     markers: Vec<Markers>,
     /// The hash slots of the streams written, for `WAIT` on a cluster (gathered only then).
     pub slots: BTreeSet<u16>,
-}
-
-/// How the dedupe script is called: by its SHA1 on a connection that has loaded it, or whole
-/// (`EVAL`) on a cluster, whose nodes may not have loaded it and whose pipelines take no `EVALSHA`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScriptCall {
-    BySha,
-    Whole,
 }
 
 /// The commands of one round trip: first the marker deletions (`ignored` of them, whose replies
@@ -156,7 +128,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
     let waits = target.wait_replicas > 0;
     let mut layout = Layout {
         leading: 0,
-        script: shape.dedupe == InUse::Markers,
+        script: shape.dedupe != InUse::Off,
         idmp: shape.dedupe == InUse::Idmp,
         commands: Vec::new(),
         markers: Vec::new(),
@@ -177,7 +149,22 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
         }
         layout.leading = commands.len() - ignored;
     }
-    if layout.script {
+    if layout.idmp {
+        for (stream, positions) in group_by_stream(&target.stream_prefix, chunk.events) {
+            if waits {
+                layout.slots.insert(key_slot(stream.as_bytes()));
+            }
+            commands.push(idmp::call(
+                &stream,
+                target,
+                chunk.events,
+                &positions,
+                shape.acked,
+                script,
+            ));
+            layout.commands.push(positions);
+        }
+    } else if layout.script {
         let ttl_ms = target.dedupe_ttl.as_millis() as u64;
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -191,18 +178,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
             .collect();
         for (stream, positions) in group_by_stream(&target.stream_prefix, chunk.events) {
             let runs = shard_runs(chunk.events, &positions);
-            let mut cmd = match script {
-                ScriptCall::BySha => {
-                    let mut cmd = redis::cmd("EVALSHA");
-                    cmd.arg(dedupe_script_sha());
-                    cmd
-                }
-                ScriptCall::Whole => {
-                    let mut cmd = redis::cmd("EVAL");
-                    cmd.arg(dedupe_script_compact());
-                    cmd
-                }
-            };
+            let mut cmd = DEDUPE_SCRIPT.call(script);
             cmd.arg(1 + 2 * runs.len()).arg(&stream);
             let field = marker_field();
             for (shard, _) in &runs {
@@ -222,10 +198,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
                 });
             }
             let topic = &chunk.events[positions[0]].topic;
-            let shapes: String = positions
-                .iter()
-                .map(|&p| optional_fields(&chunk.events[p]))
-                .collect();
+            let shapes = optional_fields(chunk.events, &positions);
             let acked = if shape.acked { "a" } else { "" };
             cmd.arg(format!("{}{acked}", target.stream_maxlen))
                 .arg(period.expires_at_ms)
@@ -269,15 +242,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
             }
             let mut cmd = redis::cmd("XADD");
             cmd.arg(stream);
-            if layout.idmp {
-                cmd.arg("NOMKSTREAM");
-            }
             trim_args(&mut cmd, target, shape.acked);
-            if shape.dedupe == InUse::Idmp {
-                cmd.arg("IDMP")
-                    .arg(idmp::producer(&target.marker_namespace, event.group))
-                    .arg(idmp::identity(event.id, event.created_at));
-            }
             cmd.arg("*");
             for (name, value) in event.fields() {
                 cmd.arg(name).arg(value.as_ref());
@@ -290,17 +255,6 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
         commands,
         ignored,
         layout,
-    }
-}
-
-/// How the dedupe script learns which of an event's optional fields follow its payload and
-/// created_at: `-` neither, `k` its key, `h` its headers, `b` both (key first).
-fn optional_fields(event: &Event) -> char {
-    match (&event.key, &event.headers) {
-        (None, None) => '-',
-        (Some(_), None) => 'k',
-        (None, Some(_)) => 'h',
-        (Some(_), Some(_)) => 'b',
     }
 }
 
@@ -382,7 +336,9 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                 }
             }
             Value::BulkString(_) | Value::SimpleString(_) if !layout.script => {}
-            Value::Nil if layout.idmp => missing.extend_from_slice(positions),
+            Value::BulkString(text) if layout.idmp && text == b"missing" => {
+                missing.extend_from_slice(positions)
+            }
             other => {
                 return Err(Failed::Broken(format!(
                     "unexpected reply from Redis: {other:?}"
@@ -561,39 +517,40 @@ mod tests {
     fn idmp_names_the_lane_group_and_the_event() {
         let mut target = target(Dedupe::Auto);
         target.stream_maxlen = 1000;
-        let mut events = [event(7, "a"), event(8, "b")];
+        let mut events = [event(7, "a"), event(8, "b"), event(9, "a")];
         events[0].group = 3;
         events[0].created_at = 1_000;
+        events[2].key = Some("k9".into());
         let chunk = chunk_of(&target, &events);
         let shape = Shape {
             dedupe: InUse::Idmp,
             acked: true,
         };
         let built = build(&chunk, ScriptCall::BySha, &shape);
+        // One call per stream: "a" gets events 7 and 9, "b" event 8.
         assert_eq!(built.commands.len(), 2);
-        assert_eq!(
-            args(&built.commands[0])[..11],
-            [
-                "XADD",
-                "a",
-                "NOMKSTREAM",
-                "ACKED",
-                "MAXLEN",
-                "~",
-                "1000",
-                "IDMP",
-                "t:3",
-                "7-1000",
-                "*"
-            ]
-        );
-        assert_eq!(args(&built.commands[1])[7..10], ["IDMP", "t:0", "8-0"]);
+        let a = args(&built.commands[0]);
+        assert_eq!(a[0], "EVALSHA");
+        assert_eq!(a[2..8], ["1", "a", "1000a", "t:", "a", "-k"]);
+        let stamp = rfc3339(1_000);
+        assert_eq!(a[8..13], ["3", "7-1000", "7", "{}", stamp.as_str()]);
+        assert_eq!(a[13..], ["0", "9-0", "9", "{}", &rfc3339(0), "k9"]);
         // A stream that does not exist adds nothing, and its events are named to go again.
-        let added = || reply(b"$3\r\n1-1\r\n");
-        let Ok(answer) = read(&chunk, &built.layout, vec![added(), reply(b"_\r\n")]) else {
+        let none = || reply(b"*0\r\n");
+        let Ok(answer) = read(
+            &chunk,
+            &built.layout,
+            vec![reply(b"$7\r\nmissing\r\n"), none()],
+        ) else {
             panic!("a missing stream failed the chunk");
         };
-        assert_eq!(answer.missing, [1]);
+        assert_eq!(answer.missing, [0, 2]);
+        assert_eq!(answer.results, vec![Outcome::Added; 3]);
+        let refused = reply(b"*2\r\n:1\r\n$9\r\nWRONGTYPE\r\n");
+        let Ok(answer) = read(&chunk, &built.layout, vec![none(), refused]) else {
+            panic!("a refused event failed the chunk");
+        };
+        assert_eq!(answer.results[1], Outcome::Failed("WRONGTYPE".into()));
     }
 
     #[test]

@@ -26,7 +26,8 @@ fn outcomes(reply: Reply) -> Vec<Outcome> {
 fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
     let redis = Redis::start();
     for (prefix, dedupe) in [("plain:", Dedupe::Off), ("dedupe:", Dedupe::Markers)] {
-        let publisher = Publisher::spawn(target(&redis.url(), prefix, dedupe)).expect("cannot start the Redis thread");
+        let publisher = Publisher::spawn(target(&redis.url(), prefix, dedupe))
+            .expect("cannot start the Redis thread");
         let mut events = vec![event(1, "orders"), event(2, "orders"), event(3, "users")];
         events[1].key = Some("order-2".into());
         events[1].headers = Some(r#"{"traceparent": "00-1-2-01"}"#.into());
@@ -83,7 +84,8 @@ fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
 #[test]
 fn a_batch_published_again_with_dedupe_on_adds_nothing() {
     let redis = Redis::start();
-    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Markers)).expect("cannot start the Redis thread");
+    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Markers))
+        .expect("cannot start the Redis thread");
     let batch = || vec![event(1, "orders"), event(2, "orders"), event(65, "orders")];
     assert!(outcomes(publish(&publisher, batch()))
         .iter()
@@ -123,7 +125,8 @@ fn a_batch_published_again_with_dedupe_on_adds_nothing() {
 #[test]
 fn a_stopped_redis_is_unavailable_and_a_restarted_one_works_again() {
     let mut redis = Redis::start();
-    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Markers)).expect("cannot start the Redis thread");
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Markers))
+        .expect("cannot start the Redis thread");
     assert_eq!(
         outcomes(publish(&publisher, vec![event(1, "orders")])),
         [Outcome::Added]

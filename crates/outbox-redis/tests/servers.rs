@@ -54,7 +54,8 @@ fn int(value: Option<&redis::Value>) -> i64 {
 fn auto_dedupes_with_idmp_where_the_server_has_it_and_markers_elsewhere() {
     let redis = Redis::start();
     let has = features(&redis);
-    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Auto)).expect("cannot start the Redis thread");
+    let publisher = Publisher::spawn(target(&redis.url(), "app:", Dedupe::Auto))
+        .expect("cannot start the Redis thread");
     let batch = || {
         let mut events = vec![event(1, "orders"), event(2, "orders"), event(3, "users")];
         events[1].group = 7;
@@ -97,7 +98,8 @@ fn auto_dedupes_with_idmp_where_the_server_has_it_and_markers_elsewhere() {
 fn idmp_is_refused_where_the_server_lacks_it_and_tells_reused_ids_apart() {
     let redis = Redis::start();
     let has = features(&redis);
-    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp)).expect("cannot start the Redis thread");
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp))
+        .expect("cannot start the Redis thread");
     let reply = publish(&publisher, vec![event(1, "orders")]);
     if !has.idmp {
         match reply {
@@ -137,7 +139,8 @@ fn a_streams_window_is_only_ever_made_larger() {
             .arg("IDMP-MAXSIZE")
             .arg(10_000),
     );
-    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp)).expect("cannot start the Redis thread");
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp))
+        .expect("cannot start the Redis thread");
     assert_eq!(
         outcomes(publish(
             &publisher,
@@ -302,7 +305,8 @@ fn a_stream_deleted_behind_the_relay_gets_its_window_again() {
         eprintln!("skipped: {} has no IDMP", has.servers);
         return;
     }
-    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp)).expect("cannot start the Redis thread");
+    let publisher = Publisher::spawn(target(&redis.url(), "", Dedupe::Idmp))
+        .expect("cannot start the Redis thread");
     assert_eq!(
         outcomes(publish(&publisher, vec![event(1, "gone")])),
         [Outcome::Added]
