@@ -24,12 +24,15 @@ local bound, acked = string.match(ARGV[1], '^(%d+)(a?)$')
 local maxlen = tonumber(bound)
 local start, topic, shapes = ARGV[2], ARGV[3], ARGV[4]
 local KEY, HEADERS, BOTH = string.byte('k'), string.byte('h'), string.byte('b')
+local NEITHER = string.byte('-')
+local xadd = redis.pcall
+local trim = maxlen > 0 and acked == 'a' and 'ACKED' or nil
 local producers = {}
 local head = {'XADD', stream}
+if trim then
+  head[#head + 1] = trim
+end
 if maxlen > 0 then
-  if acked == 'a' then
-    head[#head + 1] = 'ACKED'
-  end
   head[#head + 1], head[#head + 2], head[#head + 3] = 'MAXLEN', '~', maxlen
 end
 local h = #head
@@ -45,22 +48,32 @@ for e = 1, #shapes do
     producer = start .. group
     producers[group] = producer
   end
-  local args = {unpack(head)}
-  args[h + 1], args[h + 2], args[h + 3], args[h + 4] = 'IDMP', producer, identity, '*'
-  args[h + 5], args[h + 6], args[h + 7], args[h + 8] = 'id', id, 'topic', topic
-  args[h + 9], args[h + 10], args[h + 11], args[h + 12] = 'payload', payload, 'created_at', stamp
-  local a = h + 12
   local shape = string.byte(shapes, e)
-  if shape == KEY or shape == BOTH then
-    args[a + 1], args[a + 2] = 'key', ARGV[at]
-    a = a + 2
-    at = at + 1
+  local entry
+  -- The common event, without key or headers, is added with no table built for it.
+  if shape == NEITHER and maxlen == 0 then
+    entry = xadd('XADD', stream, 'IDMP', producer, identity, '*', 'id', id, 'topic', topic,
+      'payload', payload, 'created_at', stamp)
+  elseif shape == NEITHER and not trim then
+    entry = xadd('XADD', stream, 'MAXLEN', '~', maxlen, 'IDMP', producer, identity, '*', 'id', id,
+      'topic', topic, 'payload', payload, 'created_at', stamp)
+  else
+    local args = {unpack(head)}
+    args[h + 1], args[h + 2], args[h + 3], args[h + 4] = 'IDMP', producer, identity, '*'
+    args[h + 5], args[h + 6], args[h + 7], args[h + 8] = 'id', id, 'topic', topic
+    args[h + 9], args[h + 10], args[h + 11], args[h + 12] = 'payload', payload, 'created_at', stamp
+    local a = h + 12
+    if shape == KEY or shape == BOTH then
+      args[a + 1], args[a + 2] = 'key', ARGV[at]
+      a = a + 2
+      at = at + 1
+    end
+    if shape == HEADERS or shape == BOTH then
+      args[a + 1], args[a + 2] = 'headers', ARGV[at]
+      at = at + 1
+    end
+    entry = xadd(unpack(args))
   end
-  if shape == HEADERS or shape == BOTH then
-    args[a + 1], args[a + 2] = 'headers', ARGV[at]
-    at = at + 1
-  end
-  local entry = redis.pcall(unpack(args))
   if type(entry) ~= 'string' then
     refused[f + 1], refused[f + 2] = e, (type(entry) == 'table' and entry.err) or 'ERR XADD'
     f = f + 2
