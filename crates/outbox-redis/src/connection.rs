@@ -10,7 +10,7 @@ use crate::link::{self, describe, Link};
 use crate::one_by_one::OneByOne;
 use crate::outcome::{Answer, Failed, Outcome};
 use crate::pipeline::{self, Chunk, Shape};
-use crate::scripts::{ScriptCall, DEDUPE, IDMP};
+use crate::scripts::{ScriptCall, DEDUPE};
 use crate::server::{self, Features, InUse};
 use crate::target::Target;
 
@@ -62,14 +62,12 @@ fn connect(target: &Target) -> Result<Connection, String> {
 /// has forgotten it; a NOSCRIPT reply counts as a lost connection.
 fn load_script(connection: &mut Connection) -> Result<(), String> {
     if !connection.script_loaded && !connection.link.is_cluster() {
-        for script in [DEDUPE, IDMP] {
-            let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(script);
-            connection
-                .link
-                .run::<String>(&load)
-                .map_err(|e| describe(&e))?;
-        }
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(DEDUPE);
+        connection
+            .link
+            .run::<String>(&load)
+            .map_err(|e| describe(&e))?;
         connection.script_loaded = true;
     }
     Ok(())
@@ -248,11 +246,12 @@ fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fai
     };
     let in_use = server::choose(target.dedupe, &connection.features).map_err(Failed::Refused)?;
     connection.in_use = Some(in_use);
-    if in_use != InUse::Off {
+    if in_use == InUse::Markers {
         if let Err(e) = load_script(connection) {
             *slot = None;
             return Err(Failed::Refused(format!(
-                "cannot load the dedupe scripts (outbox.dedupe needs EVALSHA and SCRIPT LOAD): {e}"
+                "cannot load the dedupe script (dedupe with markers needs EVALSHA and SCRIPT \
+                 LOAD): {e}"
             )));
         }
     }

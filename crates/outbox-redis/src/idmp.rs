@@ -13,10 +13,6 @@
 
 use std::time::Duration;
 
-use crate::encode::{optional_fields, rfc3339, Event};
-use crate::scripts::{ScriptCall, IDMP_SCRIPT};
-use crate::target::Target;
-
 /// Ids a stream's window keeps per producer: the most Redis allows.
 pub const WINDOW_IDS: u64 = 10_000;
 /// The longest window Redis allows, in seconds.
@@ -31,47 +27,13 @@ pub fn window_seconds(ttl: Duration) -> u64 {
 }
 
 /// The producer of an event in lane group `group` of the database `namespace` names.
-pub fn producer(namespace: &str, group: impl std::fmt::Display) -> String {
+pub fn producer(namespace: &str, group: u16) -> String {
     format!("{namespace}:{group}")
 }
 
 /// An event's identity: its id and `created_at` (microseconds), as ids can be used again.
 pub fn identity(id: i64, created_at: i64) -> String {
     format!("{id}-{created_at}")
-}
-
-/// The call of `idmp.lua` that publishes the `events` at `positions`, all of `stream`.
-pub fn call(
-    stream: &str,
-    target: &Target,
-    events: &[Event],
-    positions: &[usize],
-    acked: bool,
-    how: ScriptCall,
-) -> redis::Cmd {
-    let mut cmd = IDMP_SCRIPT.call(how);
-    let trim = if acked { "a" } else { "" };
-    cmd.arg(1)
-        .arg(stream)
-        .arg(format!("{}{trim}", target.stream_maxlen))
-        .arg(producer(&target.marker_namespace, ""))
-        .arg(&events[positions[0]].topic)
-        .arg(optional_fields(events, positions));
-    for &p in positions {
-        let event = &events[p];
-        cmd.arg(event.group)
-            .arg(identity(event.id, event.created_at))
-            .arg(event.id)
-            .arg(&event.payload)
-            .arg(rfc3339(event.created_at));
-        if let Some(key) = &event.key {
-            cmd.arg(key);
-        }
-        if let Some(headers) = &event.headers {
-            cmd.arg(headers);
-        }
-    }
-    cmd
 }
 
 /// The command that sizes `stream`'s window, before the first XADD to it on a connection.

@@ -12,7 +12,7 @@
 //! - `one_by_one`: a key's order in a chunk sent again event by event.
 //! - `server`: what the servers can do (IDMP, `ACKED` trimming), from `INFO`, and so how the
 //!   relay deduplicates.
-//! - `scripts`: the Lua scripts (markers', IDMP's), called by SHA1 or whole.
+//! - `scripts`: the markers' Lua script, called by SHA1 or whole.
 //! - `idmp`: deduplication by Redis itself: producers, identities, the streams' windows.
 //! - `link`: the link per mode (one server, Sentinel, Cluster; TLS), and its pipelines.
 //! - `pipeline`: the commands of one round trip, with the dedupe script, and their replies.

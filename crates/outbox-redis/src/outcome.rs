@@ -28,9 +28,9 @@ pub struct Answer {
     pub markers: Vec<Markers>,
     /// Why trimming by age failed, if it did: the events are in their streams all the same.
     pub trim_error: Option<String>,
-    /// Positions of events not added because their stream did not exist: IDMP's script creates
-    /// no stream, since a stream created by XADD would lack its window. They go again once the
-    /// stream has it.
+    /// Positions of events not added because their stream did not exist: with IDMP an XADD
+    /// creates no stream (`NOMKSTREAM`), since a stream created so would lack its window. They
+    /// go again once the stream has it.
     pub missing: Vec<usize>,
 }
 

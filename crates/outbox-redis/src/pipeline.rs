@@ -87,9 +87,9 @@ pub struct Layout {
     /// Replies to trimming by age, read before the events': an error there fails no event (the
     /// entries are in), and is reported beside the outcomes.
     leading: usize,
-    /// Whether the events' commands are script calls (markers' or IDMP's).
+    /// Whether the events' commands are calls of the markers' script.
     script: bool,
-    /// Whether they are IDMP's, which answer `missing` when their stream does not exist.
+    /// Whether they are XADDs with IDMP, which answer nil when their stream does not exist.
     idmp: bool,
     commands: Vec<Vec<usize>>,
     markers: Vec<Markers>,
@@ -128,7 +128,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
     let waits = target.wait_replicas > 0;
     let mut layout = Layout {
         leading: 0,
-        script: shape.dedupe != InUse::Off,
+        script: shape.dedupe == InUse::Markers,
         idmp: shape.dedupe == InUse::Idmp,
         commands: Vec::new(),
         markers: Vec::new(),
@@ -149,22 +149,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
         }
         layout.leading = commands.len() - ignored;
     }
-    if layout.idmp {
-        for (stream, positions) in group_by_stream(&target.stream_prefix, chunk.events) {
-            if waits {
-                layout.slots.insert(key_slot(stream.as_bytes()));
-            }
-            commands.push(idmp::call(
-                &stream,
-                target,
-                chunk.events,
-                &positions,
-                shape.acked,
-                script,
-            ));
-            layout.commands.push(positions);
-        }
-    } else if layout.script {
+    if layout.script {
         let ttl_ms = target.dedupe_ttl.as_millis() as u64;
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -242,7 +227,16 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
             }
             let mut cmd = redis::cmd("XADD");
             cmd.arg(stream);
+            if layout.idmp {
+                // A stream created by XADD would have Redis's default window: see `missing`.
+                cmd.arg("NOMKSTREAM");
+            }
             trim_args(&mut cmd, target, shape.acked);
+            if layout.idmp {
+                cmd.arg("IDMP")
+                    .arg(idmp::producer(&target.marker_namespace, event.group))
+                    .arg(idmp::identity(event.id, event.created_at));
+            }
             cmd.arg("*");
             for (name, value) in event.fields() {
                 cmd.arg(name).arg(value.as_ref());
@@ -336,9 +330,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                 }
             }
             Value::BulkString(_) | Value::SimpleString(_) if !layout.script => {}
-            Value::BulkString(text) if layout.idmp && text == b"missing" => {
-                missing.extend_from_slice(positions)
-            }
+            Value::Nil if layout.idmp => missing.extend_from_slice(positions),
             other => {
                 return Err(Failed::Broken(format!(
                     "unexpected reply from Redis: {other:?}"
@@ -517,40 +509,39 @@ mod tests {
     fn idmp_names_the_lane_group_and_the_event() {
         let mut target = target(Dedupe::Auto);
         target.stream_maxlen = 1000;
-        let mut events = [event(7, "a"), event(8, "b"), event(9, "a")];
+        let mut events = [event(7, "a"), event(8, "b")];
         events[0].group = 3;
         events[0].created_at = 1_000;
-        events[2].key = Some("k9".into());
         let chunk = chunk_of(&target, &events);
         let shape = Shape {
             dedupe: InUse::Idmp,
             acked: true,
         };
         let built = build(&chunk, ScriptCall::BySha, &shape);
-        // One call per stream: "a" gets events 7 and 9, "b" event 8.
         assert_eq!(built.commands.len(), 2);
-        let a = args(&built.commands[0]);
-        assert_eq!(a[0], "EVALSHA");
-        assert_eq!(a[2..8], ["1", "a", "1000a", "t:", "a", "-k"]);
-        let stamp = rfc3339(1_000);
-        assert_eq!(a[8..13], ["3", "7-1000", "7", "{}", stamp.as_str()]);
-        assert_eq!(a[13..], ["0", "9-0", "9", "{}", &rfc3339(0), "k9"]);
+        assert_eq!(
+            args(&built.commands[0])[..11],
+            [
+                "XADD",
+                "a",
+                "NOMKSTREAM",
+                "ACKED",
+                "MAXLEN",
+                "~",
+                "1000",
+                "IDMP",
+                "t:3",
+                "7-1000",
+                "*"
+            ]
+        );
+        assert_eq!(args(&built.commands[1])[7..10], ["IDMP", "t:0", "8-0"]);
         // A stream that does not exist adds nothing, and its events are named to go again.
-        let none = || reply(b"*0\r\n");
-        let Ok(answer) = read(
-            &chunk,
-            &built.layout,
-            vec![reply(b"$7\r\nmissing\r\n"), none()],
-        ) else {
+        let added = || reply(b"$3\r\n1-1\r\n");
+        let Ok(answer) = read(&chunk, &built.layout, vec![added(), reply(b"_\r\n")]) else {
             panic!("a missing stream failed the chunk");
         };
-        assert_eq!(answer.missing, [0, 2]);
-        assert_eq!(answer.results, vec![Outcome::Added; 3]);
-        let refused = reply(b"*2\r\n:1\r\n$9\r\nWRONGTYPE\r\n");
-        let Ok(answer) = read(&chunk, &built.layout, vec![none(), refused]) else {
-            panic!("a refused event failed the chunk");
-        };
-        assert_eq!(answer.results[1], Outcome::Failed("WRONGTYPE".into()));
+        assert_eq!(answer.missing, [1]);
     }
 
     #[test]

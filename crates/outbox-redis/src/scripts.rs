@@ -1,4 +1,4 @@
-//! The Lua scripts the relay publishes through, and how a call names them: by SHA1 on a
+//! The Lua script the relay publishes through with markers, and how a call names them: by SHA1 on a
 //! connection that has loaded them (`EVALSHA`), or whole (`EVAL`) on a cluster, whose nodes may
 //! not have loaded them and whose pipelines take no `EVALSHA`.
 
@@ -8,8 +8,6 @@ use redis::Cmd;
 
 /// The markers' script (`outbox.dedupe` with markers); see the file.
 pub const DEDUPE: &str = include_str!("dedupe.lua");
-/// IDMP's script (`outbox.dedupe` with IDMP); see the file.
-pub const IDMP: &str = include_str!("idmp.lua");
 
 /// How a script is called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +24,6 @@ pub struct Script {
 }
 
 pub static DEDUPE_SCRIPT: Script = Script::new(DEDUPE);
-pub static IDMP_SCRIPT: Script = Script::new(IDMP);
 
 impl Script {
     const fn new(source: &'static str) -> Script {
@@ -77,11 +74,10 @@ mod tests {
 
     #[test]
     fn a_call_names_the_script_by_its_sha_or_sends_it_compact() {
-        let by_sha = IDMP_SCRIPT.call(ScriptCall::BySha);
+        let by_sha = DEDUPE_SCRIPT.call(ScriptCall::BySha);
         let args: Vec<_> = by_sha.args_iter().collect();
         assert_eq!(args.len(), 2);
-        assert_eq!(IDMP_SCRIPT.sha().len(), 40);
-        assert_ne!(IDMP_SCRIPT.sha(), DEDUPE_SCRIPT.sha());
+        assert_eq!(DEDUPE_SCRIPT.sha().len(), 40);
         let compact = DEDUPE_SCRIPT.compact();
         assert!(compact.len() < DEDUPE.len() / 2 + DEDUPE.len() / 4);
         assert!(!compact.lines().any(|l| l.starts_with("--")));
