@@ -25,8 +25,9 @@ package:     ## Debian packages and tarballs in target/package/, for PG (or ever
 install:     ## Build (release) and install into the chosen PostgreSQL
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh --release
 
-lint:        ## Formatting and clippy over the workspace: the extension and crates/
-	cargo fmt --all -- --check && cargo clippy --workspace --all-targets -- -D warnings
+lint:        ## Formatting, Markdown links and clippy over the workspace: the extension and crates/
+	cargo fmt --all -- --check && python3 scripts/check-links.py && \
+	  cargo clippy --workspace --all-targets -- -D warnings
 
 docs:        ## Draw docs/architecture.svg again from scripts/draw-architecture.py
 	python3 scripts/draw-architecture.py
