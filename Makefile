@@ -1,7 +1,7 @@
 # The two commands of the README, and a few more for development.
 # PG=16 (or PG_CONFIG=/path/to/pg_config) picks one PostgreSQL; without either, `make test`
 # runs the whole suite on every major tested here (15, 16, 17 and 18).
-.PHONY: demo test test-matrix bench install package lint
+.PHONY: demo test test-matrix bench install package lint docs
 
 demo:        ## Enqueue events on throwaway servers and watch them arrive in Redis (PACKAGE=1: from the .deb)
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" PACKAGE="$(PACKAGE)" scripts/demo.sh
@@ -25,5 +25,9 @@ package:     ## Debian packages and tarballs in target/package/, for PG (or ever
 install:     ## Build (release) and install into the chosen PostgreSQL
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh --release
 
-lint:        ## Formatting and clippy over the workspace: the extension and crates/
-	cargo fmt --all -- --check && cargo clippy --workspace --all-targets -- -D warnings
+lint:        ## Formatting, Markdown links and clippy over the workspace: the extension and crates/
+	cargo fmt --all -- --check && python3 scripts/check-links.py && \
+	  cargo clippy --workspace --all-targets -- -D warnings
+
+docs:        ## Draw docs/architecture.svg again from scripts/draw-architecture.py
+	python3 scripts/draw-architecture.py

@@ -12,6 +12,8 @@ cd "$here/.."
 
 say "Checking formatting (cargo fmt --check)"
 cargo fmt --all -- --check
+say "Checking the Markdown links and anchors (scripts/check-links.py)"
+python3 "$here/check-links.py"
 say "Linting for PostgreSQL $PG_MAJOR (cargo clippy -D warnings)"
 cargo clippy --workspace --all-targets "${CARGO_FEATURES[@]}" -- -D warnings
 say "Running the Redis side's tests, without PostgreSQL (each starts its own redis-server)"

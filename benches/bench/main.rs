@@ -128,16 +128,68 @@ fn main() {
         .unwrap_or_default();
     let table = report.markdown();
     let text = format!(
-        "# Benchmarks\n\nProduced by `make bench` on {} cores ({cpu}), in {:.0} s. Write cases: medians of {WRITE_REPS} runs of {PGBENCH_SECONDS} s each, {WRITE_PAIRS} pairs of runs for those with a target, \
-         which are also counted until every event they enqueued was in Redis; \
-         relay cases: medians of {RELAY_REPS} drains of {BACKLOG} events; history: medians of {RELAY_REPS} pairs of drains; latency: one run of 5000 events at 500 events/s; \
-         worker: one drain of each size and one idle period. \
-         PostgreSQL {server_version} with fsync off, extension release build, one relay worker, Redis on the same machine. \
-         Ratios compare each figure with the baseline measured in the same run; a throughput ratio is the median of the ratios of \
-         runs made next to each other (a write case and the hand-written insert; a relay case, the other dedupe setting and \
-         the ceiling; a drain with history and one on the emptied table).\n\n{table}",
-        thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        started.elapsed().as_secs_f64()
+        "# Benchmarks\n\n\
+         What the outbox costs a writing transaction and how fast the relay publishes, each figure beside \
+         a baseline measured in the same run. `make bench` writes this file (`BENCH_ONLY=relay make bench`, \
+         or `write`, `latency`, `history`, `worker`, `soak`, `cluster`, `databases`, `idmp`, `keys`, or one \
+         of `keys-write`, `keys-trace`, `keys-workers`, `keys-held`, `keys-delayed`, `keys-spill`, \
+         comma-separated, runs a subset). It reports; it never fails on a figure. Earlier runs are in \
+         `git log -p BENCHMARKS.md`.\n\n\
+         ## The machine\n\n\
+         {cores} cores ({cpu}), PostgreSQL {server_version} with `fsync = off`, the extension's release build, \
+         one relay worker unless a case says otherwise, and redis-server on the same machine; the IDMP case \
+         uses Redis 8.6. This run: {run}, {seconds:.0} s.\n\n\
+         ## Method\n\n\
+         `make bench` starts its own PostgreSQL, with the extension preloaded, and redis-server, and \
+         measures each case against a baseline in the same run:\n\n\
+         - **Write**: pgbench, a business transaction (one row into `accounts`) at 1 and 8 clients with \
+         `outbox_enqueue`, against the same transaction with a hand-written `INSERT INTO outbox` of the \
+         same row: the least any outbox costs. Medians of {WRITE_REPS} runs of {PGBENCH_SECONDS} s; the targeted cases run \
+         {WRITE_PAIRS} pairs, are also counted until the relay has published every event they enqueued (so that the \
+         relay's work is not left out), and are compared once more with both transactions drawn at random \
+         in one pgbench run at one client, where both meet the machine at the same moments.\n\
+         - **Relay**: drains of a backlog of {BACKLOG} events committed at once, timed until Redis holds all \
+         of it, {RELAY_REPS} of each side. The baseline is the database's ceiling: a procedure in the server that \
+         claims and marks the same rows with the relay's query, batch size and session settings, one \
+         transaction per batch, with no client round trip and no Redis.\n\
+         - **Latency**: from its commit to an `XREAD` reader, 5000 events at 500 events/s from one \
+         client; then from its statement's start with 4 pgbench clients at 5000 events/s, against the \
+         same load at 500 events/s.\n\
+         - **Soak**: five minutes at each of 2000 and 10000 events/s (4 pgbench clients, retention 5 s, \
+         default autovacuum), the table's size against its live rows; then the soaked table and a fresh \
+         one in a second database are drained in turns.\n\
+         - **Keys**: a keyed write with headers (and one whose `traceparent` comes from a sqlcommenter \
+         comment) against a hand-written insert of the same columns; 200 keys drained by two workers \
+         against one; a key held back by an event Redis rejects beside 199 free keys; a drain beside a \
+         million delayed events; a healthy topic beside the held events of a rejected one.\n\
+         - **Cluster**, **databases**, **IDMP**, **history**, **worker**: a 3-primary, 3-replica Redis \
+         Cluster against one node; one database's drain with two idle databases relayed too, against it \
+         alone; IDMP against markers on Redis 8.6, and Redis's memory per event; a drain beside a million \
+         published rows kept, against the emptied table; the worker's memory over a drain against one a \
+         quarter the size, and its CPU when idle.\n\n\
+         **Why pairs and ratios.** On a shared machine with few cores, which PostgreSQL, the relay's two \
+         threads, redis-server and pgbench all use, figures move by up to a quarter between runs, and runs \
+         of one case differ by up to 40% within minutes. So the two sides of a comparison run in turns, \
+         each next to the other (the side going first alternating), and a throughput ratio is the median \
+         of the ratios of those pairs, not the ratio of two medians that may come from runs minutes apart: \
+         it need not be the ratio of the two figures beside it. The targeted write cases show the middle \
+         half of the pair ratios, the relay cases every pair's ratio. Compare ratios, not figures, and only \
+         within one table.\n\n\
+         ## Figures\n\n{table}\n\
+         ## Charts\n\n\
+         `make bench` draws two charts from the cases it runs into `docs/bench/`:\n\n\
+         - `docs/bench/latency.svg`: the latency percentiles against the event rate.\n\
+         - `docs/bench/drain.svg`: the relay's drain rate against the batch size and the number of \
+         workers.\n",
+        cores = thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        run = if only.is_empty() {
+            "every case".to_string()
+        } else {
+            format!("`BENCH_ONLY={only}`")
+        },
+        seconds = started.elapsed().as_secs_f64()
     );
     println!("\n{table}");
     std::fs::write("BENCHMARKS.md", text).expect("cannot write BENCHMARKS.md");
