@@ -118,14 +118,21 @@ pub(crate) fn latency(pg: &Pg, redis: &Redis, report: &mut Report) {
 }
 
 pub(crate) fn latency_at_5000(pg: &Pg, redis: &Redis, report: &mut Report) {
-    println!("3b. latency under load (4 pgbench clients, 5000 and 500 events/s, 20 s each)");
+    println!("3b. latency under load (4 pgbench clients, 500, 2000 and 5000 events/s, 20 s each)");
     let mut client = pg.connect();
     fresh_table(&mut client);
     client
         .batch_execute("ALTER DATABASE postgres SET outbox.notify_channel = ''")
         .unwrap();
     let (quiet, _) = latency_under_load(pg, redis, 500, 20);
+    let (middle, _) = latency_under_load(pg, redis, 2_000, 20);
     let (busy, enqueued) = latency_under_load(pg, redis, 5_000, 20);
+    for (rate, sorted) in [(500, &quiet), (2_000, &middle), (5_000, &busy)] {
+        for (name, p) in [("p50", 0.5), ("p95", 0.95), ("p99", 0.99)] {
+            let group = format!("{rate} events/s");
+            report.bar("latency", &group, name, percentile(sorted, p));
+        }
+    }
     client
         .batch_execute("ALTER DATABASE postgres RESET outbox.notify_channel")
         .unwrap();

@@ -21,6 +21,7 @@ mod load;
 mod pgbench;
 mod report;
 
+mod charts;
 mod cluster;
 mod databases;
 mod history;
@@ -58,7 +59,10 @@ fn main() {
     let mut pg = Pg::start(&[("outbox.redis_url", url.as_str())]);
     pg.with_extension();
     pg.wait_for_workers(1);
-    let mut report = Report { rows: Vec::new() };
+    let mut report = Report {
+        rows: Vec::new(),
+        bars: Vec::new(),
+    };
     let started = Instant::now();
     let server_version: String = pg
         .connect()
@@ -153,8 +157,8 @@ fn main() {
          claims and marks the same rows with the relay's query, batch size and session settings, one \
          transaction per batch, with no client round trip and no Redis.\n\
          - **Latency**: from its commit to an `XREAD` reader, 5000 events at 500 events/s from one \
-         client; then from its statement's start with 4 pgbench clients at 5000 events/s, against the \
-         same load at 500 events/s.\n\
+         client; then from its statement's start with 4 pgbench clients at 500, 2000 and 5000 events/s \
+         (the 5000 against the 500).\n\
          - **Soak**: five minutes at each of 2000 and 10000 events/s (4 pgbench clients, retention 5 s, \
          default autovacuum), the table's size against its live rows; then the soaked table and a fresh \
          one in a second database are drained in turns.\n\
@@ -177,10 +181,9 @@ fn main() {
          within one table.\n\n\
          ## Figures\n\n{table}\n\
          ## Charts\n\n\
-         `make bench` draws two charts from the cases it runs into `docs/bench/`:\n\n\
-         - `docs/bench/latency.svg`: the latency percentiles against the event rate.\n\
-         - `docs/bench/drain.svg`: the relay's drain rate against the batch size and the number of \
-         workers.\n",
+         `make bench` draws these from the cases it runs (`latency`; `relay` and `keys-workers`):\n\n\
+         ![Latency percentiles against the event rate](docs/bench/latency.svg)\n\n\
+         ![Drain rate against the batch size and the number of workers](docs/bench/drain.svg)\n",
         cores = thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
@@ -194,4 +197,7 @@ fn main() {
     println!("\n{table}");
     std::fs::write("BENCHMARKS.md", text).expect("cannot write BENCHMARKS.md");
     println!("written to BENCHMARKS.md");
+    for chart in charts::draw(&report.bars, std::path::Path::new("docs/bench")) {
+        println!("drawn: {chart}");
+    }
 }

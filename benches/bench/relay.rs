@@ -57,6 +57,16 @@ pub(crate) fn relay_throughput(pg: &mut Pg, redis: &Redis, report: &mut Report) 
         |batch: i64, a: &str, b: &str| paired_ratio_each(&runs[&(batch, a)], &runs[&(batch, b)]);
 
     for batch in [100, 1000] {
+        let group = format!("batch {batch}");
+        for (side, series) in [
+            ("on", "relay, dedupe on"),
+            ("off", "relay, dedupe off"),
+            ("ceiling", "in-server claim and mark, no Redis"),
+        ] {
+            report.bar("drain", &group, series, figures[&(batch, side)]);
+        }
+    }
+    for batch in [100, 1000] {
         let ceiling = figures[&(batch, "ceiling")];
         for dedupe in ["on", "off"] {
             let figure = figures[&(batch, dedupe)];

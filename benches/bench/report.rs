@@ -60,6 +60,8 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 pub(crate) struct Report {
     pub(crate) rows: Vec<[String; 5]>,
+    /// The figures the charts draw (see `charts.rs`).
+    pub(crate) bars: Vec<crate::charts::Bar>,
 }
 
 impl Report {
@@ -74,6 +76,16 @@ impl Report {
         println!("  {case}: {figure} | baseline {baseline} | {ratio} | {target}");
         self.rows
             .push([case.into(), figure, baseline, ratio, target.into()]);
+    }
+
+    /// A figure for a chart: `value` of `series` in `group` of `chart`.
+    pub(crate) fn bar(&mut self, chart: &'static str, group: &str, series: &str, value: f64) {
+        self.bars.push(crate::charts::Bar {
+            chart,
+            group: group.into(),
+            series: series.into(),
+            value,
+        });
     }
 
     pub(crate) fn markdown(&self) -> String {

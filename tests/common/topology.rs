@@ -662,6 +662,18 @@ pub fn tls_server(certificates: &Certificates) -> Node {
     node
 }
 
+/// Whether the server program the tests run was built with TLS: one built without it (the
+/// Redis 6.2 that redis-next takes from a PyPI package) refuses `tls-port` as an unknown
+/// directive.
+pub fn server_has_tls() -> bool {
+    let output = Command::new(super::redis_server())
+        .args(["--port", "0", "--tls-port", "1"])
+        .output()
+        .expect("cannot run the Redis server program");
+    let text = String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr);
+    !(text.contains("'tls-port") && text.contains("Bad directive"))
+}
+
 /// A TLS connection to `port` as a client of the CA in `dir`.
 pub fn tls_conn(dir: &Path, port: u16) -> redis::RedisResult<redis::Connection> {
     let read = |name: &str| fs::read(dir.join(name)).expect("cannot read a certificate");

@@ -34,6 +34,13 @@ pub(crate) fn keyed_workers(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     pg.set(&[("outbox.workers", "1")]);
     pg.restart();
     pg.wait_for_workers(1);
+    for (side, group) in [
+        ("one", "1 worker, 200 keys"),
+        ("two", "2 workers, 200 keys"),
+    ] {
+        let rate = median(runs[side].clone());
+        report.bar("drain", group, "relay, dedupe on", rate);
+    }
     report.row(
         "relay, batch 1000, dedupe on, 200 keys: two workers",
         format!("{:.0} events/s", median(runs["two"].clone())),
