@@ -61,7 +61,9 @@ fn tick_step(top: f64) -> f64 {
 }
 
 fn label(value: f64) -> String {
-    if value >= 1000.0 {
+    if value == 0.0 {
+        "0".into()
+    } else if value >= 1000.0 {
         format!("{value:.0}")
     } else if value >= 10.0 {
         format!("{value:.1}")
