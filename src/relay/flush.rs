@@ -41,13 +41,12 @@ pub struct WalFlush {
 impl WalFlush {
     /// Tells the Redis thread how the transaction holding the chunks sent since the last call
     /// ended (committed, its commit record ending at `committed_at`, or rolled back), then how
-    /// far the WAL is on disk. The transaction published `published` events, and the next may
-    /// publish up to a batch.
+    /// far the WAL is on disk. The transaction published `published` events, counted against
+    /// the IDMP window until the commit is known on disk ([`WalFlush::hold_for_window`]).
     pub fn transaction_ended(
         &mut self,
         committed_at: Option<u64>,
         published: u64,
-        settings: &Settings,
         publisher: &Publisher,
     ) {
         publisher.transaction_ended(committed_at);
@@ -55,7 +54,7 @@ impl WalFlush {
             self.committed(lsn);
             self.unflushed_events += published;
         }
-        self.report(self.window_full(settings), publisher);
+        self.report(false, publisher);
     }
 
     /// Whether another batch could take what a crash may send again past half the IDMP window.

@@ -201,7 +201,7 @@ impl Relay {
         });
         let committed_at = (end == End::Commit).then(worker::last_commit_end);
         let flush = &mut self.flush;
-        flush.transaction_ended(committed_at, published, &self.settings, &self.publisher);
+        flush.transaction_ended(committed_at, published, &self.publisher);
         if end != End::Commit {
             // Its events are unpublished again, below the cursor.
             self.claims.start.forget();
