@@ -72,12 +72,10 @@ fn outbox_workers_shows_how_the_worker_dedupes() {
         assert_eq!(dedupe_shown(&pg).as_deref(), Some("idmp"));
     } else {
         assert!(
-            wait_until(Duration::from_secs(20), || pg
-                .query_retrying("SELECT state, last_error FROM outbox_workers")
-                .first()
-                .is_some_and(|r| r.get::<_, String>(0) == "backoff"
-                    && r.get::<_, Option<String>>(1)
-                        .is_some_and(|e| e.contains("needs Redis 8.6.2")))),
+            wait_until(Duration::from_secs(20), || {
+                let (state, error) = pg.worker_state();
+                state == "backoff" && error.is_some_and(|e| e.contains("needs Redis 8.6.2"))
+            }),
             "the worker did not back off saying why"
         );
         assert_eq!(redis.xlen("shown"), 6);
@@ -162,8 +160,8 @@ fn trimming_keeps_what_a_consumer_group_has_not_acknowledged() {
     );
 }
 
-/// The README's rules for a Redis user that deduplicates with IDMP (its minimal user's, and the
-/// IDMP additions), limited to the stream prefix: events go out with IDMP and no refusal. Only a
+/// The README's rules for a Redis user that deduplicates with IDMP (the `off` set and the IDMP
+/// additions), limited to the stream prefix: events go out with IDMP and no refusal. Only a
 /// server with IDMP can show it.
 #[test]
 fn the_readme_redis_user_for_idmp_publishes_with_idmp() {
@@ -172,16 +170,8 @@ fn the_readme_redis_user_for_idmp_publishes_with_idmp() {
         eprintln!("skipped: {:?} has no IDMP", redis.version());
         return;
     }
-    let rules =
-        "on >pw ~app:* +ping +hello +auth +select +xadd +info +eval +exists +xinfo +xcfgset";
-    let mut acl = redis::cmd("ACL");
-    acl.arg("SETUSER").arg("relay");
-    for rule in rules.split_whitespace() {
-        acl.arg(rule);
-    }
-    let _: () = redis.query(&acl);
-    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
-    let file = common::password_file("pw");
+    let (url, file) = redis
+        .relay_user("~app:* +ping +hello +auth +select +xadd +info +eval +exists +xinfo +xcfgset");
     let pg = Pg::start(&[
         ("outbox.redis_url", url.as_str()),
         ("outbox.redis_password_file", file.as_str()),

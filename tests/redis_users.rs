@@ -204,18 +204,7 @@ fn a_password_file_others_can_read_is_refused() {
 #[test]
 fn a_redis_user_without_scripting_holds_events_back_uncharged() {
     let redis = Redis::start();
-    redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("relay")
-        .arg("on")
-        .arg(">pw")
-        .arg("~app:*")
-        .arg("+@all")
-        .arg("-@scripting")
-        .query::<()>(&mut redis.conn())
-        .unwrap();
-    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
-    let file = password_file("pw");
+    let (url, file) = redis.relay_user("~app:* +@all -@scripting");
     let mut pg = Pg::start(&[
         ("outbox.redis_url", url.as_str()),
         ("outbox.redis_password_file", file.as_str()),
@@ -298,16 +287,10 @@ fn a_redis_user_without_scripting_holds_events_back_uncharged() {
 #[test]
 fn the_readme_minimal_redis_user_publishes_with_and_without_dedupe() {
     let redis = Redis::start();
-    let rules = "on >pw ~app:* +ping +hello +auth +select +xadd +evalsha +script|load +hdel \
-                 +hgetall +hset +pexpireat";
-    let mut acl = redis::cmd("ACL");
-    acl.arg("SETUSER").arg("relay");
-    for rule in rules.split_whitespace() {
-        acl.arg(rule);
-    }
-    acl.query::<()>(&mut redis.conn()).unwrap();
-    let url = format!("redis://relay@127.0.0.1:{}", redis.port);
-    let file = password_file("pw");
+    let (url, file) = redis.relay_user(
+        "~app:* +ping +hello +auth +select +xadd +evalsha +script|load +hdel +hgetall +hset \
+         +pexpireat",
+    );
     let mut pg = Pg::start(&[
         ("outbox.redis_url", url.as_str()),
         ("outbox.redis_password_file", file.as_str()),

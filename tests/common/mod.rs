@@ -337,15 +337,27 @@ impl Redis {
         self.query(redis::cmd("XLEN").arg(stream))
     }
 
+    /// Creates the ACL user `relay`, password `pw`, with `rules` (`ACL SETUSER`'s, separated by
+    /// spaces); returns its URL for `outbox.redis_url` and a file holding its password.
+    pub fn relay_user(&self, rules: &str) -> (String, String) {
+        let mut acl = redis::cmd("ACL");
+        acl.arg("SETUSER").arg("relay").arg("on").arg(">pw");
+        for rule in rules.split_whitespace() {
+            acl.arg(rule);
+        }
+        let _: () = self.query(&acl);
+        let url = format!("redis://relay@127.0.0.1:{}", self.port);
+        (url, password_file("pw"))
+    }
+
     /// The server's product and version: see [`server_version`].
     pub fn version(&self) -> (String, (u32, u32, u32)) {
         server_version(&self.query::<String>(redis::cmd("INFO").arg("server")))
     }
 
-    /// Whether `outbox.dedupe = auto` deduplicates with IDMP here: Redis 8.6.2 or later.
+    /// Whether `outbox.dedupe = auto` deduplicates with IDMP here: see [`has_idmp`].
     pub fn has_idmp(&self) -> bool {
-        let (product, version) = self.version();
-        product == "redis" && version >= (8, 6, 2)
+        has_idmp(&self.query::<String>(redis::cmd("INFO").arg("server")))
     }
 
     /// Whether trimming can keep what a consumer group has not acknowledged: Redis 8.2 or later.
@@ -371,6 +383,12 @@ pub fn server_version(info: &str) -> (String, (u32, u32, u32)) {
     };
     let n: Vec<u32> = version.split('.').map(|p| p.parse().unwrap_or(0)).collect();
     (product.to_string(), (n[0], n[1], n[2]))
+}
+
+/// Whether the server whose `INFO server` reply this is has IDMP: Redis 8.6.2 or later.
+pub fn has_idmp(info: &str) -> bool {
+    let (product, version) = server_version(info);
+    product == "redis" && version >= (8, 6, 2)
 }
 
 impl Drop for Redis {

@@ -356,9 +356,11 @@ impl Cluster {
                 .iter()
                 .find(|n| n.port == *port)
                 .expect("no node");
-            let info: String = node.query(redis::cmd("INFO").arg("server")).unwrap();
-            let (product, version) = super::server_version(&info);
-            product == "redis" && version >= (8, 6, 2)
+            super::has_idmp(
+                &node
+                    .query::<String>(redis::cmd("INFO").arg("server"))
+                    .unwrap(),
+            )
         })
     }
 
