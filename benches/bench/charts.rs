@@ -78,26 +78,22 @@ fn escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// Where `item` is in `list`, appended if it is not there yet.
+fn index_of<'a>(list: &mut Vec<&'a str>, item: &'a str) -> usize {
+    list.iter().position(|x| *x == item).unwrap_or_else(|| {
+        list.push(item);
+        list.len() - 1
+    })
+}
+
 /// A grouped bar chart: groups in the order of their first bar, series likewise.
 fn svg(title: &str, unit: &str, bars: &[&Bar]) -> String {
     let mut groups: Vec<&str> = Vec::new();
     let mut series: Vec<&str> = Vec::new();
     let mut values: BTreeMap<(usize, usize), f64> = BTreeMap::new();
     for bar in bars {
-        let g = groups
-            .iter()
-            .position(|x| *x == bar.group)
-            .unwrap_or_else(|| {
-                groups.push(&bar.group);
-                groups.len() - 1
-            });
-        let s = series
-            .iter()
-            .position(|x| *x == bar.series)
-            .unwrap_or_else(|| {
-                series.push(&bar.series);
-                series.len() - 1
-            });
+        let g = index_of(&mut groups, &bar.group);
+        let s = index_of(&mut series, &bar.series);
         values.insert((g, s), bar.value);
     }
     let (width, height) = (900.0, 420.0);
