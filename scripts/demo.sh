@@ -90,7 +90,7 @@ say "The Redis stream demo:account.created (redis-cli XRANGE)"
 redis-cli -p "$redis_port" XRANGE demo:account.created - +
 
 say "Health: outbox_status and outbox_workers"
-psql_demo -c "SELECT * FROM outbox_status" -c "SELECT slot, pid, state, published FROM outbox_workers"
+psql_demo -c "SELECT * FROM outbox_status" -c "SELECT slot, pid, state, published, dedupe FROM outbox_workers"
 
 say "Relay log lines"
 grep "outbox relay" "$work/server.log" | sed 's/^/    /'
