@@ -21,6 +21,7 @@ mod load;
 mod pgbench;
 mod report;
 
+mod builds;
 mod charts;
 mod cluster;
 mod databases;
@@ -42,6 +43,7 @@ use harness::set_and_wait;
 use report::Report;
 use write::{PGBENCH_SECONDS, WRITE_PAIRS, WRITE_REPS};
 
+use builds::builds;
 use cluster::cluster_relay;
 use databases::idle_databases;
 use history::history;
@@ -70,7 +72,8 @@ fn main() {
         .unwrap()
         .get(0);
 
-    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases,idmp,keys runs a subset.
+    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases,idmp,keys,builds runs a
+    // subset.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     if wanted("write") {
@@ -106,6 +109,10 @@ fn main() {
     if wanted("idmp") {
         idmp_against_markers(&mut pg, &redis, &mut report);
     }
+    // Only when named: it needs another build (OUTBOX_BENCH_OTHER) and restarts the server.
+    if only.split(',').any(|p| p == "builds") {
+        builds(&mut pg, &redis, &mut report);
+    }
     // keys-write, keys-trace, keys-workers, keys-held, keys-delayed and keys-spill run one
     // case of it.
     let keys_parts = |part: &str| wanted("keys") || wanted(part);
@@ -137,7 +144,8 @@ fn main() {
          a baseline measured in the same run. `make bench` writes this file (`BENCH_ONLY=relay make bench`, \
          or `write`, `latency`, `history`, `worker`, `soak`, `cluster`, `databases`, `idmp`, `keys`, or one \
          of `keys-write`, `keys-trace`, `keys-workers`, `keys-held`, `keys-delayed`, `keys-spill`, \
-         comma-separated, runs a subset). It reports; it never fails on a figure. Earlier runs are in \
+         comma-separated, runs a subset; `builds`, run only when named, measures this build against another \
+         that `OUTBOX_BENCH_OTHER` names). It reports; it never fails on a figure. Earlier runs are in \
          `git log -p BENCHMARKS.md`.\n\n\
          ## The machine\n\n\
          {cores} cores ({cpu}), PostgreSQL {server_version} with `fsync = off`, the extension's release build, \
@@ -170,7 +178,10 @@ fn main() {
          Cluster against one node; one database's drain with two idle databases relayed too, against it \
          alone; IDMP against markers on Redis 8.6, and Redis's memory per event; a drain beside a million \
          published rows kept, against the emptied table; the worker's memory over a drain against one a \
-         quarter the size, and its CPU when idle.\n\n\
+         quarter the size, and its CPU when idle.\n\
+         - **Builds** (only when named): this build against another of different code, in turns, the \
+         server restarted with a side's library before its turn: `outbox_enqueue` 200000 times in one \
+         statement, the drain of those events at batch 1000, and the worker's CPU per event over it.\n\n\
          **Why pairs and ratios.** On a shared machine with few cores, which PostgreSQL, the relay's two \
          threads, redis-server and pgbench all use, figures move by up to a quarter between runs, and runs \
          of one case differ by up to 40% within minutes. So the two sides of a comparison run in turns, \

@@ -490,7 +490,8 @@ impl Pg {
         }
     }
 
-    fn ctl_start(&self) {
+    /// Starts the server again after [`Pg::stop`].
+    pub fn ctl_start(&self) {
         self.ctl_start_with(&[]);
     }
 
