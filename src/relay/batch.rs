@@ -27,7 +27,6 @@ use super::order::PassOrder;
 use super::pass::{chunk_size, Batch, Pass};
 use super::retry::{self, DueLook, RetrySchedule};
 use super::settings::Settings;
-use super::spare;
 use super::state::Status;
 use super::worker::{self, End};
 use crate::retention::ring;
@@ -195,15 +194,12 @@ impl PassRun<'_> {
                 let error = match outcome {
                     Outcome::Added => {
                         batch.published += 1;
-                        // Its strings serve the next claim.
-                        spare::keep(event);
                         continue;
                     }
                     Outcome::HeldBack => {
                         // Behind an event of its key that failed: unmarked and uncharged, it
                         // waits for that one as the events `order` holds back do.
                         held_back.push(event.id);
-                        spare::keep(event);
                         continue;
                     }
                     Outcome::Failed(error) => error,
@@ -274,10 +270,6 @@ impl PassRun<'_> {
         } else if more_due {
             // A claim left due events out, or they filled it: the next pass takes more of them.
             batch.pass = Pass::Full;
-        }
-        if matches!(batch.pass, Pass::Drained) {
-            // No backlog: the strings kept for the next claim would only wait in memory.
-            spare::release();
         }
         batch
     }

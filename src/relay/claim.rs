@@ -9,7 +9,6 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::rows::Plan;
-use super::spare;
 use crate::pg::utf8;
 use crate::write::lane;
 
@@ -265,9 +264,8 @@ unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String,
     let bytes = unsafe { pgrx::varlena::varlena_to_byte_slice(text) };
     let invalid = |e: std::str::Utf8Error| format!("is not valid UTF-8: {e}");
     let read = if utf8_database {
-        // Into a string kept from an earlier claim (see `spare.rs`).
         std::str::from_utf8(bytes)
-            .map(spare::filled)
+            .map(str::to_owned)
             .map_err(invalid)
     } else {
         utf8::to_utf8(bytes).and_then(|utf8| {

@@ -28,7 +28,6 @@ mod rows;
 pub mod schema;
 mod session;
 mod settings;
-mod spare;
 mod sql;
 mod start;
 mod state;

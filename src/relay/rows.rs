@@ -3,8 +3,9 @@
 //! Through SPI's tuple table, each row of a claim would be formed into a tuple (its payload
 //! copied once more), kept until the statement ended, and taken apart again by the relay. A
 //! statement run here hands each row's columns to the caller straight from the executor's slot,
-//! while they are valid, and keeps nothing. It is kept for the time it measurably saves the
-//! relay's main thread while it drains a backlog.
+//! while they are valid, and keeps nothing. It is kept because it saves the relay's main thread
+//! time while it drains a backlog, by the measure BENCHMARKS.md gives (`BENCH_ONLY=builds`
+//! against a build that reads the rows through SPI's tuple table).
 
 use std::ffi::CStr;
 use std::ptr::NonNull;

@@ -3,8 +3,9 @@
 //!
 //! The row goes in through `ExecSimpleRelationInsert`, the insert logical replication uses to
 //! apply a change: constraints, indexes and row triggers are handled as by `INSERT`, without
-//! planning or running a statement. It is kept because it measurably cuts what `outbox_enqueue`
-//! adds to a transaction, against an `INSERT` through SPI.
+//! planning or running a statement. It is kept because it cuts what `outbox_enqueue` costs
+//! against a prepared `INSERT` through SPI, by the measure BENCHMARKS.md gives (`BENCH_ONLY=builds`
+//! against a build with that `INSERT`).
 //!
 //! Each call opens the table and its indexes under `RowExclusiveLock`, as an `INSERT` does. What
 //! does not change between calls is built once, in a memory context of its own: the table's and
