@@ -4,7 +4,7 @@
 //! turns, five pairs; the drain rate's ratio is the median of the pairs'. Redis's memory per
 //! published event is `used_memory` after the drain (once the relay has deleted what it
 //! deletes: the markers of durable batches) less before it, over the events, beside the same
-//! for markers.
+//! for markers. Redis's CPU time per event over the drain (`INFO cpu`) shows where the time goes.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -13,6 +13,20 @@ use crate::common::{wait_until, Pg, Redis};
 use crate::drain::{alternating, until_stream_holds, BACKLOG};
 use crate::harness::{fresh_table, set_and_wait};
 use crate::report::{median, paired_ratio_each, Report};
+
+/// Redis's CPU time so far, user and system, in seconds (`INFO cpu`, to the microsecond).
+fn used_cpu(redis: &Redis) -> f64 {
+    let info: String = redis.query(redis::cmd("INFO").arg("cpu"));
+    ["used_cpu_sys:", "used_cpu_user:"]
+        .iter()
+        .map(|field| {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(field))
+                .and_then(|v| v.parse::<f64>().ok())
+                .expect("no used_cpu in INFO cpu")
+        })
+        .sum()
+}
 
 fn used_memory(redis: &Redis) -> f64 {
     let info: String = redis.query(redis::cmd("INFO").arg("memory"));
@@ -38,6 +52,7 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
     }
     let url = redis8.relay_url();
     let mut memory: HashMap<&str, Vec<f64>> = HashMap::new();
+    let mut cpu: HashMap<&str, Vec<f64>> = HashMap::new();
     let runs = alternating(["markers", "idmp"], |side| {
         let expect = format!("dedupe={side} ");
         set_and_wait(
@@ -55,6 +70,7 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
             .batch_execute("SET outbox.notify_channel = ''")
             .unwrap();
         let before = used_memory(&redis8);
+        let cpu_before = used_cpu(&redis8);
         client
             .execute(
                 "SELECT outbox_enqueue('idmp', jsonb_build_object('account_id', g, 'email', \
@@ -66,6 +82,9 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
         let secs = until_stream_holds(&redis8, "idmp", n as usize)
             .duration_since(committed)
             .as_secs_f64();
+        cpu.entry(side)
+            .or_default()
+            .push((used_cpu(&redis8) - cpu_before) / n as f64 * 1e6);
         assert!(wait_until(Duration::from_secs(60), || client
             .query_one(
                 "SELECT count(*) FROM outbox WHERE published_at IS NULL",
@@ -102,6 +121,13 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
         ),
         paired_ratio_each(&runs["idmp"], &runs["markers"]),
         ">= 1",
+    );
+    report.row(
+        "Redis CPU per published event over the drain, dedupe idmp",
+        format!("{:.2} µs", median(cpu["idmp"].clone())),
+        format!("{:.2} µs (dedupe markers)", median(cpu["markers"].clone())),
+        paired_ratio_each(&cpu["idmp"], &cpu["markers"]),
+        "",
     );
     let idmp = median(memory["idmp"].clone());
     let markers = median(memory["markers"].clone());
