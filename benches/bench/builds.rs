@@ -3,7 +3,9 @@
 //! build's library is the file `OUTBOX_BENCH_OTHER` names (a `liboutbox.so` from `cargo build
 //! --release --lib` of the other code; `OUTBOX_BENCH_OTHER_NAME` says what it is); this side is
 //! the installed library, or the one `OUTBOX_BENCH_THIS` names, built the same way as the other.
-//! Both builds must carry the same SQL version.
+//! Both builds must relay the extension's objects: `OUTBOX_BENCH_VERSION` creates them at an
+//! earlier version for the turns (say `0.7.0`, against a build of that version; the current
+//! library relays the objects of the versions it lists as relayed).
 //!
 //! The sides take turns, the one going first alternating: the server is stopped, the side's
 //! library is copied over the installed `outbox.so`, and the server started again. Each turn
@@ -41,6 +43,14 @@ pub(crate) fn builds(pg: &mut Pg, redis: &Redis, report: &mut Report) {
         BACKLOG
     );
 
+    let version = std::env::var("OUTBOX_BENCH_VERSION").ok();
+    if let Some(version) = &version {
+        pg.connect()
+            .batch_execute(&format!(
+                "DROP EXTENSION outbox; CREATE EXTENSION outbox VERSION '{version}'"
+            ))
+            .expect("cannot create the extension at OUTBOX_BENCH_VERSION");
+    }
     set_and_wait(
         pg,
         &[("outbox.batch_size", "1000"), ("outbox.dedupe", "on")],
@@ -66,6 +76,11 @@ pub(crate) fn builds(pg: &mut Pg, redis: &Redis, report: &mut Report) {
     }
     switch_library(pg, &kept, &installed);
     let _ = std::fs::remove_file(&kept);
+    if version.is_some() {
+        pg.connect()
+            .batch_execute("DROP EXTENSION outbox; CREATE EXTENSION outbox")
+            .unwrap();
+    }
 
     let figures =
         |side: usize, of: fn(&Turn) -> f64| -> Vec<f64> { turns[side].iter().map(of).collect() };
