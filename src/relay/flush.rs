@@ -5,6 +5,7 @@
 //! relay flushes before what a crash could send again outgrows half of that (the other half
 //! covers a worker that took over a lane group meanwhile).
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use outbox_redis::idmp::WINDOW_IDS;
@@ -34,8 +35,46 @@ pub struct WalFlush {
     unflushed: Option<(u64, Instant)>,
     /// How far the WAL was last said to be on disk.
     flushed_told: u64,
-    /// Events published by the commits not yet known on disk.
-    unflushed_events: u64,
+    /// The events published by each commit not yet known on disk.
+    pending: Pending,
+}
+
+/// The events each commit published, until the WAL is known on disk past its record: what a
+/// crash could send again. Commits the WAL writer flushed in the background leave it as they
+/// are seen, so that a relay whose commits the WAL writer keeps up with never flushes for the
+/// IDMP window itself.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Each commit's record end and its events, oldest first.
+    commits: VecDeque<(u64, u64)>,
+    /// Their events in all.
+    events: u64,
+}
+
+impl Pending {
+    /// A commit whose record ends at `lsn` that published `events`.
+    fn committed(&mut self, lsn: u64, events: u64) {
+        if events == 0 {
+            return;
+        }
+        match self.commits.back_mut() {
+            // Commits are recorded in order; one at the same end adds to it.
+            Some((last, count)) if *last >= lsn => *count += events,
+            _ => self.commits.push_back((lsn, events)),
+        }
+        self.events += events;
+    }
+
+    /// The WAL is on disk up to `lsn`: the commits whose record ends there or before are durable.
+    fn flushed(&mut self, lsn: u64) {
+        while let Some(&(end, events)) = self.commits.front() {
+            if end > lsn {
+                break;
+            }
+            self.commits.pop_front();
+            self.events -= events;
+        }
+    }
 }
 
 impl WalFlush {
@@ -52,14 +91,14 @@ impl WalFlush {
         publisher.transaction_ended(committed_at);
         if let Some(lsn) = committed_at {
             self.committed(lsn);
-            self.unflushed_events += published;
+            self.pending.committed(lsn, published);
         }
         self.report(false, publisher);
     }
 
     /// Whether another batch could take what a crash may send again past half the IDMP window.
     fn window_full(&self, settings: &Settings) -> bool {
-        self.unflushed_events + settings.batch_size as u64 > WINDOW_IDS / 2
+        self.pending.events + settings.batch_size as u64 > WINDOW_IDS / 2
     }
 
     /// With IDMP (`idmp`), whether the relay must wait before its next pass, because what a
@@ -74,6 +113,16 @@ impl WalFlush {
         publisher: &Publisher,
     ) -> bool {
         if !idmp || !self.window_full(settings) {
+            return false;
+        }
+        // The commits the WAL writer flushed meanwhile count out first; only if that is not
+        // enough does the relay flush itself.
+        let mut durable = worker::wal_flushed_to();
+        if let Some(replicated) = worker::sync_standbys_flushed_to() {
+            durable = durable.min(replicated);
+        }
+        self.pending.flushed(durable);
+        if !self.window_full(settings) {
             return false;
         }
         self.report(true, publisher);
@@ -132,11 +181,46 @@ impl WalFlush {
             publisher.flushed(flushed);
             self.flushed_told = flushed;
         }
+        self.pending.flushed(flushed);
         if flushed >= waiting {
             self.unflushed = None;
-            self.unflushed_events = 0;
         }
         // Else the wait keeps the start of the oldest commit reported unflushed: the relay's own
         // flush may come early, never late.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pending;
+
+    #[test]
+    fn commits_flushed_in_the_background_count_out_oldest_first() {
+        let mut pending = Pending::default();
+        pending.committed(100, 1000);
+        pending.committed(200, 1000);
+        pending.committed(300, 500);
+        assert_eq!(pending.events, 2500);
+        // The WAL writer got past the first commit, not to the end of the second.
+        pending.flushed(150);
+        assert_eq!(pending.events, 1500);
+        pending.flushed(200);
+        assert_eq!(pending.events, 500);
+        pending.flushed(1000);
+        assert_eq!(pending.events, 0);
+        assert!(pending.commits.is_empty());
+    }
+
+    #[test]
+    fn a_commit_that_published_nothing_holds_no_place() {
+        let mut pending = Pending::default();
+        pending.committed(100, 0);
+        assert!(pending.commits.is_empty());
+        pending.committed(200, 10);
+        pending.committed(200, 5);
+        assert_eq!(pending.commits.len(), 1);
+        assert_eq!(pending.events, 15);
+        pending.flushed(199);
+        assert_eq!(pending.events, 15);
     }
 }

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 
 /// One claimed event, as the relay reads it from the `outbox` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,18 +228,26 @@ const PG_EPOCH_UNIX_SECONDS: i64 = 946_684_800;
 
 /// Formats a `TimestampTz` as RFC 3339 in UTC with microseconds: `2026-11-29T23:01:44.123456Z`.
 pub fn rfc3339(timestamp: i64) -> String {
+    let mut text = String::with_capacity(27);
+    write_rfc3339(&mut text, timestamp);
+    text
+}
+
+/// [`rfc3339`], appended to `out` without a string of its own.
+pub fn write_rfc3339(out: &mut String, timestamp: i64) {
     let unix_micros = timestamp + PG_EPOCH_UNIX_SECONDS * 1_000_000;
     let seconds = unix_micros.div_euclid(1_000_000);
     let micros = unix_micros.rem_euclid(1_000_000);
     let days = seconds.div_euclid(86_400);
     let second_of_day = seconds.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
-    format!(
+    let _ = write!(
+        out,
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
         second_of_day / 3600,
         second_of_day % 3600 / 60,
         second_of_day % 60
-    )
+    );
 }
 
 /// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).

@@ -11,6 +11,7 @@
 //! `relay/flush.rs`), so the window of each producer and stream holds all of it. The window's
 //! duration is `outbox.dedupe_ttl`, at most the 24 hours Redis allows.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 /// Ids a stream's window keeps per producer: the most Redis allows.
@@ -33,7 +34,14 @@ pub fn producer(namespace: &str, group: u16) -> String {
 
 /// An event's identity: its id and `created_at` (microseconds), as ids can be used again.
 pub fn identity(id: i64, created_at: i64) -> String {
-    format!("{id}-{created_at}")
+    let mut text = String::new();
+    write_identity(&mut text, id, created_at);
+    text
+}
+
+/// [`identity`], appended to `out`.
+pub fn write_identity(out: &mut String, id: i64, created_at: i64) {
+    let _ = write!(out, "{id}-{created_at}");
 }
 
 /// The command that sizes `stream`'s window, before the first XADD to it on a connection.

@@ -32,3 +32,4 @@ pub mod redis_url;
 mod scripts;
 pub mod server;
 pub mod target;
+mod xadd;

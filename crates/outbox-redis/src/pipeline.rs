@@ -13,13 +13,13 @@ use redis::{Cmd, Value};
 
 use crate::encode::{
     group_by_stream, key_slot, marker_key, marker_period, optional_fields, rfc3339, shard_runs,
-    stream_key, Event,
+    Event,
 };
-use crate::idmp;
 use crate::outcome::{Answer, Failed, Markers, Outcome};
 use crate::scripts::{ScriptCall, DEDUPE_SCRIPT};
 use crate::server::InUse;
 use crate::target::Target;
+use crate::xadd;
 
 /// The hash field a script call's markers go to: unique to the call, among all the relay's
 /// processes, so that a call never overwrites the markers another left (in a retry after a
@@ -220,30 +220,21 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
             layout.commands.push(positions);
         }
     } else {
-        for (index, event) in chunk.events.iter().enumerate() {
-            let stream = stream_key(&target.stream_prefix, &event.topic);
-            if waits {
-                layout.slots.insert(key_slot(stream.as_bytes()));
-            }
-            let mut cmd = redis::cmd("XADD");
-            cmd.arg(stream);
-            if layout.idmp {
-                // A stream created by XADD would have Redis's default window: see `missing`.
-                cmd.arg("NOMKSTREAM");
-            }
-            trim_args(&mut cmd, target, shape.acked);
-            if layout.idmp {
-                cmd.arg("IDMP")
-                    .arg(idmp::producer(&target.marker_namespace, event.group))
-                    .arg(idmp::identity(event.id, event.created_at));
-            }
-            cmd.arg("*");
-            for (name, value) in event.fields() {
-                cmd.arg(name).arg(value.as_ref());
-            }
-            commands.push(cmd);
-            layout.commands.push(vec![index]);
-        }
+        let slots = &mut layout.slots;
+        commands.extend(xadd::build(
+            chunk.events,
+            target,
+            layout.idmp,
+            |cmd| trim_args(cmd, target, shape.acked),
+            |stream| {
+                if waits {
+                    slots.insert(key_slot(stream.as_bytes()));
+                }
+            },
+        ));
+        layout
+            .commands
+            .extend((0..chunk.events.len()).map(|index| vec![index]));
     }
     Commands {
         commands,
