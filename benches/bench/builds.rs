@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use crate::common::{Pg, Redis};
 use crate::drain::{until_stream_holds, BACKLOG, RELAY_REPS};
-use crate::harness::{fresh_table, set_and_wait};
+use crate::harness::{fresh_table, set_and_wait, thread_ticks};
 use crate::report::{median, paired_ratio_each, Report};
 
 pub(crate) fn builds(pg: &mut Pg, redis: &Redis, report: &mut Report) {
@@ -165,25 +165,6 @@ fn turn(pg: &Pg, redis: &Redis) -> Turn {
         main_us: per_event(ticks(true)),
         others_us: per_event(ticks(false)),
     }
-}
-
-/// Each thread of `pid` with its CPU time so far, user and system, in clock ticks.
-fn thread_ticks(pid: i32) -> Vec<(i32, u64)> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|task| {
-            let tid: i32 = task.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            // utime and stime are fields 14 and 15 of the stat line, 12 and 13 after the name.
-            let ticks =
-                fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-            Some((tid, ticks))
-        })
-        .collect()
 }
 
 /// The library the server loads: `outbox.so` in `pg_config --pkglibdir`.

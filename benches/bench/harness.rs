@@ -1,5 +1,5 @@
 //! The running servers under test: settings applied and waited for, the databases the relay
-//! serves, an emptied table, and a process's CPU time.
+//! serves, an emptied table, and a process's and its threads' CPU time.
 
 use std::time::Duration;
 
@@ -48,4 +48,23 @@ pub(crate) fn cpu_ticks(pid: i32) -> u64 {
             .get(12)
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0)
+}
+
+/// Each thread of `pid` with its CPU time so far, user and system, in clock ticks.
+pub(crate) fn thread_ticks(pid: i32) -> Vec<(i32, u64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let tid: i32 = task.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            // utime and stime are fields 14 and 15 of the stat line, 12 and 13 after the name.
+            let ticks =
+                fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+            Some((tid, ticks))
+        })
+        .collect()
 }

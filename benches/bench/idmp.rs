@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{wait_until, Pg, Redis};
 use crate::drain::{alternating, until_stream_holds, BACKLOG};
-use crate::harness::{fresh_table, set_and_wait};
+use crate::harness::{fresh_table, set_and_wait, thread_ticks};
 use crate::report::{median, paired_ratio_each, Report};
 
 /// Redis's CPU time so far, user and system, in seconds (`INFO cpu`, to the microsecond).
@@ -53,6 +53,7 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
     let url = redis8.relay_url();
     let mut memory: HashMap<&str, Vec<f64>> = HashMap::new();
     let mut cpu: HashMap<&str, Vec<f64>> = HashMap::new();
+    let mut relay_cpu: HashMap<(&str, bool), Vec<f64>> = HashMap::new();
     let runs = alternating(["markers", "idmp"], |side| {
         let expect = format!("dedupe={side} ");
         set_and_wait(
@@ -71,6 +72,8 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
             .unwrap();
         let before = used_memory(&redis8);
         let cpu_before = used_cpu(&redis8);
+        let pid = pg.worker_pids()[0];
+        let ticks_before = thread_ticks(pid);
         client
             .execute(
                 "SELECT outbox_enqueue('idmp', jsonb_build_object('account_id', g, 'email', \
@@ -85,6 +88,25 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
         cpu.entry(side)
             .or_default()
             .push((used_cpu(&redis8) - cpu_before) / n as f64 * 1e6);
+        let ticks_after = thread_ticks(pid);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        for main in [true, false] {
+            let ticks: u64 = ticks_after
+                .iter()
+                .filter(|(tid, _)| (*tid == pid) == main)
+                .map(|(tid, t)| {
+                    t - ticks_before
+                        .iter()
+                        .find(|(b, _)| b == tid)
+                        .map_or(0, |(_, t)| *t)
+                })
+                .sum();
+            relay_cpu
+                .entry((side, main))
+                .or_default()
+                .push(ticks as f64 / hz / n as f64 * 1e6);
+        }
         assert!(wait_until(Duration::from_secs(60), || client
             .query_one(
                 "SELECT count(*) FROM outbox WHERE published_at IS NULL",
@@ -134,6 +156,16 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
         paired_ratio_each(&cpu["idmp"], &cpu["markers"]),
         "",
     );
+    for (main, threads) in [(true, "main thread"), (false, "Redis thread")] {
+        let (idmp, markers) = (&relay_cpu[&("idmp", main)], &relay_cpu[&("markers", main)]);
+        report.row(
+            &format!("the relay's {threads}, CPU per published event over the drain, dedupe idmp"),
+            format!("{:.2} µs", median(idmp.clone())),
+            format!("{:.2} µs (dedupe markers)", median(markers.clone())),
+            paired_ratio_each(idmp, markers),
+            "",
+        );
+    }
     let idmp = median(memory["idmp"].clone());
     let markers = median(memory["markers"].clone());
     report.row(
