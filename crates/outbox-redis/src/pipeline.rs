@@ -338,7 +338,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::encode::sample_event as event;
     use crate::target::{Dedupe, Mode};
@@ -414,7 +414,8 @@ mod tests {
         ));
     }
 
-    fn args(cmd: &Cmd) -> Vec<String> {
+    /// A command's arguments as text, for the tests here and in `xadd.rs`.
+    pub(crate) fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
             .map(|arg| match arg {
                 redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),

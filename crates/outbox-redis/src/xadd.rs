@@ -81,15 +81,7 @@ fn write_fields(cmd: &mut Cmd, event: &Event, scratch: &mut String) {
 mod tests {
     use super::*;
     use crate::encode::sample_event;
-
-    fn args(cmd: &Cmd) -> Vec<String> {
-        cmd.args_iter()
-            .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<cursor>".into(),
-            })
-            .collect()
-    }
+    use crate::pipeline::tests::args;
 
     #[test]
     fn the_fields_written_are_the_contracts() {
