@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use crate::common::{Pg, Redis};
 use crate::drain::{until_stream_holds, BACKLOG, RELAY_REPS};
-use crate::harness::{fresh_table, set_and_wait, thread_ticks};
+use crate::harness::{cpu_per_event, fresh_table, set_and_wait, thread_ticks};
 use crate::report::{median, paired_ratio_each, Report};
 
 pub(crate) fn builds(pg: &mut Pg, redis: &Redis, report: &mut Report) {
@@ -149,21 +149,12 @@ fn turn(pg: &Pg, redis: &Redis) -> Turn {
     let _ = redis::cmd("DEL")
         .arg("builds")
         .query::<i64>(&mut redis.conn());
-    let ticks = |main: bool| -> u64 {
-        after
-            .iter()
-            .filter(|(tid, _)| (*tid == pid) == main)
-            .map(|(tid, t)| t - before.iter().find(|(b, _)| b == tid).map_or(0, |(_, t)| *t))
-            .sum()
-    };
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let per_event = |t: u64| t as f64 / hz / BACKLOG as f64 * 1e6;
+    let (main_us, others_us) = cpu_per_event(pid, &before, &after, BACKLOG);
     Turn {
         enqueue,
         drain,
-        main_us: per_event(ticks(true)),
-        others_us: per_event(ticks(false)),
+        main_us,
+        others_us,
     }
 }
 

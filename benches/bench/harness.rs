@@ -68,3 +68,25 @@ pub(crate) fn thread_ticks(pid: i32) -> Vec<(i32, u64)> {
         })
         .collect()
 }
+
+/// The CPU time the threads of `pid` used between `before` and `after` (both from
+/// [`thread_ticks`]), per event of `events`, in microseconds: its main thread's, and its other
+/// threads' together.
+pub(crate) fn cpu_per_event(
+    pid: i32,
+    before: &[(i32, u64)],
+    after: &[(i32, u64)],
+    events: i64,
+) -> (f64, f64) {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let used = |main: bool| -> f64 {
+        let ticks: u64 = after
+            .iter()
+            .filter(|(tid, _)| (*tid == pid) == main)
+            .map(|(tid, t)| t - before.iter().find(|(b, _)| b == tid).map_or(0, |(_, t)| *t))
+            .sum();
+        ticks as f64 / hz / events as f64 * 1e6
+    };
+    (used(true), used(false))
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{wait_until, Pg, Redis};
 use crate::drain::{alternating, until_stream_holds, BACKLOG};
-use crate::harness::{fresh_table, set_and_wait, thread_ticks};
+use crate::harness::{cpu_per_event, fresh_table, set_and_wait, thread_ticks};
 use crate::report::{median, paired_ratio_each, Report};
 
 /// Redis's CPU time so far, user and system, in seconds (`INFO cpu`, to the microsecond).
@@ -88,25 +88,9 @@ pub(crate) fn idmp_against_markers(pg: &mut Pg, redis: &Redis, report: &mut Repo
         cpu.entry(side)
             .or_default()
             .push((used_cpu(&redis8) - cpu_before) / n as f64 * 1e6);
-        let ticks_after = thread_ticks(pid);
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        for main in [true, false] {
-            let ticks: u64 = ticks_after
-                .iter()
-                .filter(|(tid, _)| (*tid == pid) == main)
-                .map(|(tid, t)| {
-                    t - ticks_before
-                        .iter()
-                        .find(|(b, _)| b == tid)
-                        .map_or(0, |(_, t)| *t)
-                })
-                .sum();
-            relay_cpu
-                .entry((side, main))
-                .or_default()
-                .push(ticks as f64 / hz / n as f64 * 1e6);
-        }
+        let (main_us, others_us) = cpu_per_event(pid, &ticks_before, &thread_ticks(pid), n);
+        relay_cpu.entry((side, true)).or_default().push(main_us);
+        relay_cpu.entry((side, false)).or_default().push(others_us);
         assert!(wait_until(Duration::from_secs(60), || client
             .query_one(
                 "SELECT count(*) FROM outbox WHERE published_at IS NULL",
