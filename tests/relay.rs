@@ -180,6 +180,40 @@ fn a_plain_insert_is_published_by_the_poll() {
     assert_eq!(redis.entries("by.hand")[0].1["payload"], r#"{"x": 1}"#);
 }
 
+/// A row whose created_at is 'infinity', '-infinity' or past the year 9999 (a database owner can
+/// write any) is published like any other, its created_at in the same shape with more digits to
+/// the year, and the relay's arithmetic on it does not overflow.
+#[test]
+fn created_at_at_the_ends_of_time_is_published() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[("outbox.poll_interval", "1s")]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    client
+        .batch_execute(
+            "INSERT INTO outbox (topic, payload, created_at) VALUES \
+             ('ends', '{\"at\": \"end\"}', 'infinity'), \
+             ('ends', '{\"at\": \"start\"}', '-infinity'), \
+             ('ends', '{\"at\": \"far\"}', '12345-06-07 08:09:10.5+00')",
+        )
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("ends") == 3),
+        "not published: {}",
+        pg.log()
+    );
+    let stamps: std::collections::HashMap<String, String> = redis
+        .entries("ends")
+        .into_iter()
+        .map(|(_, fields)| (fields["payload"].clone(), fields["created_at"].clone()))
+        .collect();
+    assert!(stamps[r#"{"at": "end"}"#].starts_with("294247-01-10T04:00:54."));
+    assert!(stamps[r#"{"at": "start"}"#].starts_with('-'));
+    assert_eq!(stamps[r#"{"at": "far"}"#], "12345-06-07T08:09:10.500000Z");
+    assert!(wait_until(Duration::from_secs(5), || pg.pending() == 0));
+    assert!(!pg.log().contains("panicked"), "{}", pg.log());
+}
+
 // ---------------------------------------------------------------------------------------------
 // The stream
 // ---------------------------------------------------------------------------------------------

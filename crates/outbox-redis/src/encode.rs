@@ -235,7 +235,8 @@ pub fn rfc3339(timestamp: i64) -> String {
 
 /// [`rfc3339`], appended to `out` without a string of its own.
 pub fn write_rfc3339(out: &mut String, timestamp: i64) {
-    let unix_micros = timestamp + PG_EPOCH_UNIX_SECONDS * 1_000_000;
+    // PostgreSQL's infinities are the ends of i64: saturated, they read as far years.
+    let unix_micros = timestamp.saturating_add(PG_EPOCH_UNIX_SECONDS * 1_000_000);
     let seconds = unix_micros.div_euclid(1_000_000);
     let micros = unix_micros.rem_euclid(1_000_000);
     let days = seconds.div_euclid(86_400);
@@ -298,6 +299,9 @@ mod tests {
         // 2026-11-29 23:01:44 UTC is 1795993304 Unix seconds.
         let today = (1_795_993_304 - PG_EPOCH_UNIX_SECONDS) * 1_000_000;
         assert_eq!(rfc3339(today), "2026-11-29T23:01:44.000000Z");
+        // 'infinity' and '-infinity' read as far years, and do not overflow.
+        assert!(rfc3339(i64::MAX).starts_with("294247-01-10T04:00:54"));
+        assert!(rfc3339(i64::MIN).starts_with('-'));
     }
 
     #[test]
