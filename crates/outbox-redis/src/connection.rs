@@ -10,6 +10,7 @@ use crate::link::{self, describe, Link};
 use crate::one_by_one::OneByOne;
 use crate::outcome::{Answer, Failed, Outcome};
 use crate::pipeline::{self, Chunk, Shape};
+use crate::resp::Packed;
 use crate::scripts::{ScriptCall, DEDUPE};
 use crate::server::{self, Features, InUse};
 use crate::target::Target;
@@ -28,6 +29,8 @@ pub struct Connection {
     configured: HashSet<String>,
     /// How the last chunk was deduplicated.
     pub in_use: Option<InUse>,
+    /// The last round trip's buffer, emptied, for the next.
+    spare: Packed,
 }
 
 /// Whether a link opened for `old` serves `new`: the settings that shape the Redis side of a
@@ -55,6 +58,7 @@ fn connect(target: &Target) -> Result<Connection, String> {
         features,
         configured: HashSet::new(),
         in_use: None,
+        spare: Packed::default(),
     })
 }
 
@@ -87,13 +91,13 @@ fn size_windows(connection: &mut Connection, chunk: &Chunk) -> Result<(), Failed
     if streams.is_empty() {
         return Ok(());
     }
-    let commands = streams
-        .iter()
-        .map(|stream| idmp::configure(stream, chunk.target.dedupe_ttl))
-        .collect();
+    let mut commands = Packed::default();
+    for stream in &streams {
+        commands.push(&idmp::configure(stream, chunk.target.dedupe_ttl));
+    }
     let (values, _) = connection
         .link
-        .pipeline(commands, 0)
+        .pipeline(&commands, 0)
         .map_err(|e| Failed::Broken(describe(&e)))?;
     for value in &values {
         if let redis::Value::ServerError(e) = value {
@@ -267,9 +271,11 @@ fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fai
         dedupe: in_use,
         acked: target.stream_trim_acked && connection.features.acked,
     };
-    let built = pipeline::build(chunk, script, &shape);
+    let built = pipeline::build(chunk, script, &shape, std::mem::take(&mut connection.spare));
     let layout = built.layout;
-    let (values, resent) = match connection.link.pipeline(built.commands, built.ignored) {
+    let sent = connection.link.pipeline(&built.commands, built.ignored);
+    connection.spare = built.commands.emptied();
+    let (values, resent) = match sent {
         Ok(answer) => answer,
         // A cluster that could not place a command (a slot without a primary, a redirection
         // that kept failing) or refused it outright: Redis is there, but not usable yet.

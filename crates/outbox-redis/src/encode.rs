@@ -5,6 +5,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use crate::resp::Args;
+
 /// One claimed event, as the relay reads it from the `outbox` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -196,14 +198,27 @@ pub fn shard_runs(events: &[Event], positions: &[usize]) -> Vec<(i64, Vec<usize>
 pub fn group_by_stream(prefix: &str, events: &[Event]) -> Vec<(String, Vec<usize>)> {
     let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
+    let mut last: Option<(&str, usize)> = None;
     for (position, event) in events.iter().enumerate() {
-        match index.get(event.topic.as_str()) {
-            Some(&group) => groups[group].1.push(position),
+        // Events come in runs of one topic: only a new run looks its topic up.
+        if let Some((topic, group)) = last {
+            if topic == event.topic {
+                groups[group].1.push(position);
+                continue;
+            }
+        }
+        let group = match index.get(event.topic.as_str()) {
+            Some(&group) => {
+                groups[group].1.push(position);
+                group
+            }
             None => {
                 index.insert(&event.topic, groups.len());
                 groups.push((stream_key(prefix, &event.topic), vec![position]));
+                groups.len() - 1
             }
-        }
+        };
+        last = Some((&event.topic, group));
     }
     groups
 }
@@ -235,20 +250,87 @@ pub fn rfc3339(timestamp: i64) -> String {
 
 /// [`rfc3339`], appended to `out` without a string of its own.
 pub fn write_rfc3339(out: &mut String, timestamp: i64) {
-    // PostgreSQL's infinities are the ends of i64: saturated, they read as far years.
-    let unix_micros = timestamp.saturating_add(PG_EPOCH_UNIX_SECONDS * 1_000_000);
-    let seconds = unix_micros.div_euclid(1_000_000);
-    let micros = unix_micros.rem_euclid(1_000_000);
-    let days = seconds.div_euclid(86_400);
-    let second_of_day = seconds.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
+    let utc = Utc::of(timestamp);
+    if utc.fits() {
+        let mut text = *RFC3339_SHAPE;
+        utc.fill(&mut text);
+        out.push_str(std::str::from_utf8(&text).unwrap_or_default());
+        return;
+    }
     let _ = write!(
         out,
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        second_of_day / 3600,
-        second_of_day % 3600 / 60,
-        second_of_day % 60
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        utc.year,
+        utc.month,
+        utc.day,
+        utc.second_of_day / 3600,
+        utc.second_of_day % 3600 / 60,
+        utc.second_of_day % 60,
+        utc.micros
     );
+}
+
+/// [`rfc3339`] as a command's argument, written in place.
+pub fn rfc3339_arg(args: &mut Args<'_>, timestamp: i64) {
+    let utc = Utc::of(timestamp);
+    if utc.fits() {
+        args.filled(RFC3339_SHAPE, |text| utc.fill(text));
+    } else {
+        args.arg(rfc3339(timestamp));
+    }
+}
+
+/// The text of a timestamp in the years 0 to 9999, before its digits are written.
+const RFC3339_SHAPE: &[u8; 27] = b"0000-00-00T00:00:00.000000Z";
+
+/// A timestamp's date and time of day in UTC.
+struct Utc {
+    year: i64,
+    month: u32,
+    day: u32,
+    second_of_day: i64,
+    micros: i64,
+}
+
+impl Utc {
+    fn of(timestamp: i64) -> Utc {
+        // PostgreSQL's infinities are the ends of i64: saturated, they read as far years.
+        let unix_micros = timestamp.saturating_add(PG_EPOCH_UNIX_SECONDS * 1_000_000);
+        let seconds = unix_micros.div_euclid(1_000_000);
+        let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+        Utc {
+            year,
+            month,
+            day,
+            second_of_day: seconds.rem_euclid(86_400),
+            micros: unix_micros.rem_euclid(1_000_000),
+        }
+    }
+
+    /// Whether the text has [`RFC3339_SHAPE`]'s: the years of every timestamp a relay sees,
+    /// written without `fmt` since a chunk writes a thousand of them.
+    fn fits(&self) -> bool {
+        (0..=9999).contains(&self.year)
+    }
+
+    /// Writes the digits into `text`, a copy of [`RFC3339_SHAPE`].
+    fn fill(&self, text: &mut [u8]) {
+        put_digits(&mut text[0..4], self.year as u64);
+        put_digits(&mut text[5..7], u64::from(self.month));
+        put_digits(&mut text[8..10], u64::from(self.day));
+        put_digits(&mut text[11..13], (self.second_of_day / 3600) as u64);
+        put_digits(&mut text[14..16], (self.second_of_day % 3600 / 60) as u64);
+        put_digits(&mut text[17..19], (self.second_of_day % 60) as u64);
+        put_digits(&mut text[20..26], self.micros as u64);
+    }
+}
+
+/// Writes `value`'s last `out.len()` decimal digits into `out`, zero-padded.
+fn put_digits(out: &mut [u8], mut value: u64) {
+    for digit in out.iter_mut().rev() {
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
 }
 
 /// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
@@ -283,6 +365,7 @@ pub fn sample_event(id: i64, topic: &str) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resp::Packed;
 
     fn event(id: i64, topic: &str) -> Event {
         sample_event(id, topic)
@@ -299,9 +382,24 @@ mod tests {
         // 2026-11-29 23:01:44 UTC is 1795993304 Unix seconds.
         let today = (1_795_993_304 - PG_EPOCH_UNIX_SECONDS) * 1_000_000;
         assert_eq!(rfc3339(today), "2026-11-29T23:01:44.000000Z");
+        // Before year 0 and after 9999, as PostgreSQL allows: the sign and digits of `fmt`.
+        let day = 86_400 * 1_000_000i64;
+        let year_0 = -730_485 * day;
+        assert_eq!(rfc3339(year_0), "0000-01-01T00:00:00.000000Z");
+        assert_eq!(rfc3339(year_0 - 1), "-001-12-31T23:59:59.999999Z");
+        let year_10000 = 2_921_940 * day;
+        assert_eq!(rfc3339(year_10000 - 1), "9999-12-31T23:59:59.999999Z");
+        assert_eq!(rfc3339(year_10000), "10000-01-01T00:00:00.000000Z");
         // 'infinity' and '-infinity' read as far years, and do not overflow.
         assert!(rfc3339(i64::MAX).starts_with("294247-01-10T04:00:54"));
         assert!(rfc3339(i64::MIN).starts_with('-'));
+        for timestamp in [0, -1, year_0 - 1, year_10000 - 1, year_10000, i64::MAX] {
+            let mut packed = Packed::default();
+            packed.command(|args| rfc3339_arg(args, timestamp));
+            let mut expected = redis::Cmd::new();
+            expected.arg(rfc3339(timestamp));
+            assert_eq!(packed.bytes(), expected.get_packed_command());
+        }
     }
 
     #[test]
@@ -383,13 +481,8 @@ mod tests {
 
     #[test]
     fn groups_keep_id_order_per_stream() {
-        let events = [
-            event(1, "a"),
-            event(2, "b"),
-            event(3, "a"),
-            event(4, "c"),
-            event(5, "b"),
-        ];
+        let topics = ["a", "b", "b", "a", "a", "c", "b", "b"];
+        let events: Vec<Event> = (0..).zip(topics).map(|(id, t)| event(id, t)).collect();
         let groups = group_by_stream("p:", &events);
         let shape: Vec<(&str, Vec<usize>)> = groups
             .iter()
@@ -397,7 +490,11 @@ mod tests {
             .collect();
         assert_eq!(
             shape,
-            [("p:a", vec![0, 2]), ("p:b", vec![1, 4]), ("p:c", vec![3])]
+            [
+                ("p:a", vec![0, 3, 4]),
+                ("p:b", vec![1, 2, 6, 7]),
+                ("p:c", vec![5])
+            ]
         );
     }
 

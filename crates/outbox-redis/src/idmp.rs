@@ -11,8 +11,9 @@
 //! `relay/flush.rs`), so the window of each producer and stream holds all of it. The window's
 //! duration is `outbox.dedupe_ttl`, at most the 24 hours Redis allows.
 
-use std::fmt::Write as _;
 use std::time::Duration;
+
+use crate::resp::Args;
 
 /// Ids a stream's window keeps per producer: the most Redis allows.
 pub const WINDOW_IDS: u64 = 10_000;
@@ -34,14 +35,12 @@ pub fn producer(namespace: &str, group: u16) -> String {
 
 /// An event's identity: its id and `created_at` (microseconds), as ids can be used again.
 pub fn identity(id: i64, created_at: i64) -> String {
-    let mut text = String::new();
-    write_identity(&mut text, id, created_at);
-    text
+    format!("{id}-{created_at}")
 }
 
-/// [`identity`], appended to `out`.
-pub fn write_identity(out: &mut String, id: i64, created_at: i64) {
-    let _ = write!(out, "{id}-{created_at}");
+/// [`identity`], as a command's argument.
+pub fn identity_arg(args: &mut Args<'_>, id: i64, created_at: i64) {
+    args.int_pair(id, b'-', created_at);
 }
 
 /// The command that sizes `stream`'s window, before the first XADD to it on a connection.
@@ -72,5 +71,13 @@ mod tests {
         assert_eq!(identity(42, 1_000), "42-1000");
         assert_ne!(identity(42, 1_000), identity(42, 1_001));
         assert_ne!(identity(4, 21_000), identity(42, 1_000));
+        assert_eq!(identity(-1, -946_684_800_000_000), "-1--946684800000000");
+        for (id, created_at) in [(42, 1_000), (-1, -7), (i64::MAX, i64::MIN)] {
+            let mut packed = crate::resp::Packed::default();
+            packed.command(|args| identity_arg(args, id, created_at));
+            let mut expected = redis::Cmd::new();
+            expected.arg(identity(id, created_at));
+            assert_eq!(packed.bytes(), expected.get_packed_command());
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! The modules, each using only those listed before it:
 //!
 //! - `target`: the Redis side of the settings (`Target`, `Mode`, `TlsFiles`).
+//! - `resp`: commands written as Redis reads them, into one buffer per round trip.
 //! - `encode`: an event on its way to Redis (`Event`), stream keys, entry fields, marker keys.
 //! - `outcome`: what Redis made of a chunk (`Outcome`, `Markers`, `Answer`, `Failed`).
 //! - `redis_url`, `password_file`: the URLs of `outbox.redis_url`, and the password files.
@@ -29,6 +30,7 @@ mod password_file;
 mod pipeline;
 pub mod publish;
 pub mod redis_url;
+mod resp;
 mod scripts;
 pub mod server;
 pub mod target;

@@ -17,6 +17,7 @@ use redis::{
     ServerError, TlsCertificates, TlsMode, Value,
 };
 
+use crate::resp::Packed;
 use crate::server::{parse_info, Server};
 use crate::target::{Mode, Target, TlsFiles};
 use crate::{password_file, redis_url};
@@ -304,7 +305,7 @@ impl Link {
     /// call with its error.
     pub fn pipeline(
         &mut self,
-        commands: Vec<Cmd>,
+        commands: &Packed,
         ignored: usize,
     ) -> Result<(Vec<Value>, bool), RedisError> {
         if commands.is_empty() {
@@ -312,18 +313,19 @@ impl Link {
         }
         match self {
             Link::Node(connection) => {
-                let mut pipe = redis::pipe();
-                pipe.ignore_errors();
-                for (i, cmd) in commands.into_iter().enumerate() {
-                    pipe.add_command(cmd);
-                    if i < ignored {
-                        pipe.ignore();
-                    }
-                }
-                pipe.query(connection).map(|values| (values, false))
+                // What redis-rs's own pipelines call. Every reply is read, errors among them,
+                // and the ignored ones dropped here: redis-rs would fail the whole call over an
+                // error in those it skips.
+                let mut values =
+                    connection.req_packed_commands(commands.bytes(), 0, commands.len())?;
+                values.drain(..ignored.min(values.len()));
+                Ok((values, false))
             }
             Link::Cluster(connection) => {
                 let mut pipe = redis::cluster::cluster_pipe();
+                let commands = commands.commands().ok_or_else(|| {
+                    RedisError::from((ErrorKind::Client, "commands not written as RESP"))
+                })?;
                 for (i, cmd) in commands.into_iter().enumerate() {
                     pipe.add_command(cmd);
                     if i < ignored {

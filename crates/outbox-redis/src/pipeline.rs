@@ -9,13 +9,14 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use redis::{Cmd, Value};
+use redis::Value;
 
 use crate::encode::{
     group_by_stream, key_slot, marker_key, marker_period, optional_fields, rfc3339, shard_runs,
     Event,
 };
 use crate::outcome::{Answer, Failed, Markers, Outcome};
+use crate::resp::{Args, Packed};
 use crate::scripts::{ScriptCall, DEDUPE_SCRIPT};
 use crate::server::InUse;
 use crate::target::Target;
@@ -91,37 +92,62 @@ pub struct Layout {
     script: bool,
     /// Whether they are XADDs with IDMP, which answer nil when their stream does not exist.
     idmp: bool,
-    commands: Vec<Vec<usize>>,
+    covers: Covers,
     markers: Vec<Markers>,
     /// The hash slots of the streams written, for `WAIT` on a cluster (gathered only then).
     pub slots: BTreeSet<u16>,
 }
 
+/// The batch positions each of the chunk's own commands covers.
+enum Covers {
+    /// An `XADD` per event: command `k` covers the event at position `k`, of so many.
+    Each(usize),
+    /// A script call per stream, covering that stream's events.
+    Streams(Vec<Vec<usize>>),
+}
+
+impl Covers {
+    fn len(&self) -> usize {
+        match self {
+            Covers::Each(count) => *count,
+            Covers::Streams(calls) => calls.len(),
+        }
+    }
+}
+
 /// The commands of one round trip: first the marker deletions (`ignored` of them, whose replies
 /// nobody reads), then the chunk's own commands, one reply each, as the layout says.
 pub struct Commands {
-    pub commands: Vec<Cmd>,
+    pub commands: Packed,
     pub ignored: usize,
     pub layout: Layout,
 }
 
 /// `XADD`'s trimming arguments, where it trims.
-fn trim_args(cmd: &mut Cmd, target: &Target, acked: bool) {
+fn trim_args(cmd: &mut Args<'_>, target: &Target, acked: bool) {
     if target.stream_maxlen > 0 {
         if acked {
             cmd.arg("ACKED");
         }
-        cmd.arg("MAXLEN").arg("~").arg(target.stream_maxlen);
+        cmd.arg("MAXLEN").arg("~").uint(target.stream_maxlen);
     }
 }
 
-pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
+/// Writes the chunk's round trip into `commands`, an empty buffer (kept from the connection's
+/// last round trip, so that a chunk's hundreds of kilobytes are not asked of the allocator
+/// each time).
+pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Packed) -> Commands {
     let target = chunk.target;
-    let mut commands = Vec::with_capacity(chunk.cleanup.len() + chunk.events.len());
+    let bytes: usize = chunk
+        .events
+        .iter()
+        .map(|event| 300 + event.text_bytes())
+        .sum();
+    commands.reserve(bytes);
     for markers in chunk.cleanup {
-        let mut cmd = redis::cmd("HDEL");
-        cmd.arg(&markers.hash).arg(&markers.field);
-        commands.push(cmd);
+        commands.command(|cmd| {
+            cmd.arg("HDEL").arg(&markers.hash).arg(&markers.field);
+        });
     }
     let ignored = commands.len();
     // The slots written matter only to a WAIT after the chunk.
@@ -130,7 +156,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
         leading: 0,
         script: shape.dedupe == InUse::Markers,
         idmp: shape.dedupe == InUse::Idmp,
-        commands: Vec::new(),
+        covers: Covers::Each(0),
         markers: Vec::new(),
         slots: BTreeSet::new(),
     };
@@ -140,12 +166,16 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
             .map_or(0, |d| d.as_millis() as u64);
         let oldest_ms = now_ms.saturating_sub(target.stream_max_age.as_millis() as u64);
         for (stream, _) in group_by_stream(&target.stream_prefix, chunk.events) {
-            let mut trim = redis::cmd("XTRIM");
-            trim.arg(&stream).arg("MINID").arg("~").arg(oldest_ms);
-            if shape.acked {
-                trim.arg("ACKED");
-            }
-            commands.push(trim);
+            commands.command(|trim| {
+                trim.arg("XTRIM")
+                    .arg(&stream)
+                    .arg("MINID")
+                    .arg("~")
+                    .uint(oldest_ms);
+                if shape.acked {
+                    trim.arg("ACKED");
+                }
+            });
         }
         layout.leading = commands.len() - ignored;
     }
@@ -156,6 +186,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
             .map_or(0, |d| d.as_millis() as u64);
         let period = marker_period(now_ms, ttl_ms);
         let namespace = &target.marker_namespace;
+        let mut calls = Vec::new();
         let stamps: Vec<String> = chunk
             .events
             .iter()
@@ -216,12 +247,14 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
             if waits {
                 layout.slots.insert(key_slot(stream.as_bytes()));
             }
-            commands.push(cmd);
-            layout.commands.push(positions);
+            commands.push(&cmd);
+            calls.push(positions);
         }
+        layout.covers = Covers::Streams(calls);
     } else {
         let slots = &mut layout.slots;
-        commands.extend(xadd::build(
+        xadd::build(
+            &mut commands,
             chunk.events,
             target,
             layout.idmp,
@@ -231,10 +264,8 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape) -> Commands {
                     slots.insert(key_slot(stream.as_bytes()));
                 }
             },
-        ));
-        layout
-            .commands
-            .extend((0..chunk.events.len()).map(|index| vec![index]));
+        );
+        layout.covers = Covers::Each(chunk.events.len());
     }
     Commands {
         commands,
@@ -258,11 +289,11 @@ pub fn closes_connection(value: &Value) -> bool {
 /// Turns the pipeline's replies into per-event results. A server-wide error anywhere makes the
 /// whole batch unavailable, so that no event is charged an attempt for it.
 pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer, Failed> {
-    if values.len() != layout.leading + layout.commands.len() {
+    if values.len() != layout.leading + layout.covers.len() {
         return Err(Failed::Broken(format!(
             "Redis answered {} replies to {} commands",
             values.len(),
-            layout.leading + layout.commands.len()
+            layout.leading + layout.covers.len()
         )));
     }
     let mut values = values.into_iter();
@@ -274,7 +305,11 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
     }
     let mut results = vec![Outcome::Added; chunk.events.len()];
     let mut missing = Vec::new();
-    for (value, positions) in values.zip(&layout.commands) {
+    for (command, value) in values.enumerate() {
+        let positions: &[usize] = match &layout.covers {
+            Covers::Each(_) => std::slice::from_ref(&command),
+            Covers::Streams(calls) => &calls[command],
+        };
         match value {
             Value::ServerError(e) => {
                 let message = reply_error(&e);
@@ -342,6 +377,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::encode::sample_event as event;
     use crate::target::{Dedupe, Mode};
+    use redis::Cmd;
     use std::time::Duration;
 
     fn reply(resp: &[u8]) -> Value {
@@ -389,7 +425,13 @@ pub(crate) mod tests {
         let target = target(Dedupe::Off);
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
         let chunk = chunk_of(&target, &events);
-        let layout = build(&chunk, ScriptCall::BySha, &shape(InUse::Off)).layout;
+        let layout = build(
+            &chunk,
+            ScriptCall::BySha,
+            &shape(InUse::Off),
+            Packed::default(),
+        )
+        .layout;
         let added = || reply(b"$3\r\n1-1\r\n");
         let wrongtype = || reply(b"-WRONGTYPE Operation against a key\r\n");
         let Ok(answer) = read(&chunk, &layout, vec![wrongtype(), added(), wrongtype()]) else {
@@ -414,6 +456,11 @@ pub(crate) mod tests {
         ));
     }
 
+    /// The commands built, read back one by one.
+    fn listed(built: &Commands) -> Vec<Cmd> {
+        built.commands.commands().expect("not RESP")
+    }
+
     /// A command's arguments as text, for the tests here and in `xadd.rs`.
     pub(crate) fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
@@ -433,9 +480,14 @@ pub(crate) mod tests {
         events[2].headers = Some("h3".into());
         events[3].headers = Some("h4".into());
         let chunk = chunk_of(&target, &events);
-        let commands = build(&chunk, ScriptCall::BySha, &shape(InUse::Markers));
+        let commands = build(
+            &chunk,
+            ScriptCall::BySha,
+            &shape(InUse::Markers),
+            Packed::default(),
+        );
         assert_eq!(commands.commands.len(), 1);
-        let args = args(&commands.commands[0]);
+        let args = args(&listed(&commands)[0]);
         // EVALSHA, the digest, 3 keys (the stream, one run's two marker hashes).
         assert_eq!(args[2..4], ["3", "a"]);
         let argv = &args[6..];
@@ -459,7 +511,13 @@ pub(crate) mod tests {
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
         let chunk = chunk_of(&target, &events);
         // One call per stream: a gets events 1 and 3, b event 2.
-        let layout = build(&chunk, ScriptCall::BySha, &shape(InUse::Markers)).layout;
+        let layout = build(
+            &chunk,
+            ScriptCall::BySha,
+            &shape(InUse::Markers),
+            Packed::default(),
+        )
+        .layout;
         let none = || reply(b"*0\r\n");
         let Ok(answer) = read(&chunk, &layout, vec![none(), none()]) else {
             panic!("an empty reply failed the chunk");
@@ -509,10 +567,10 @@ pub(crate) mod tests {
             dedupe: InUse::Idmp,
             acked: true,
         };
-        let built = build(&chunk, ScriptCall::BySha, &shape);
+        let built = build(&chunk, ScriptCall::BySha, &shape, Packed::default());
         assert_eq!(built.commands.len(), 2);
         assert_eq!(
-            args(&built.commands[0])[..11],
+            args(&listed(&built)[0])[..11],
             [
                 "XADD",
                 "a",
@@ -527,7 +585,7 @@ pub(crate) mod tests {
                 "*"
             ]
         );
-        assert_eq!(args(&built.commands[1])[7..10], ["IDMP", "t:0", "8-0"]);
+        assert_eq!(args(&listed(&built)[1])[7..10], ["IDMP", "t:0", "8-0"]);
         // A stream that does not exist adds nothing, and its events are named to go again.
         let added = || reply(b"$3\r\n1-1\r\n");
         let Ok(answer) = read(&chunk, &built.layout, vec![added(), reply(b"_\r\n")]) else {
@@ -542,9 +600,14 @@ pub(crate) mod tests {
         target.stream_max_age = Duration::from_secs(60);
         let events = [event(1, "a"), event(2, "a")];
         let chunk = chunk_of(&target, &events);
-        let built = build(&chunk, ScriptCall::BySha, &shape(InUse::Off));
+        let built = build(
+            &chunk,
+            ScriptCall::BySha,
+            &shape(InUse::Off),
+            Packed::default(),
+        );
         assert_eq!(built.commands.len(), 3);
-        let trim = args(&built.commands[0]);
+        let trim = args(&listed(&built)[0]);
         assert_eq!(trim[..4], ["XTRIM", "a", "MINID", "~"]);
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -555,7 +618,7 @@ pub(crate) mod tests {
             oldest <= now_ms - 60_000 && oldest > now_ms - 70_000,
             "{oldest}"
         );
-        assert_eq!(args(&built.commands[1])[..3], ["XADD", "a", "*"]);
+        assert_eq!(args(&listed(&built)[1])[..3], ["XADD", "a", "*"]);
         // A failed trim fails no event: it is reported beside them.
         let added = || reply(b"$3\r\n1-1\r\n");
         let noperm = reply(b"-NOPERM no permissions to run the 'xtrim' command\r\n");
