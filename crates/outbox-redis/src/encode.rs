@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::resp::Args;
+use crate::resp::{put_digits, Args};
 
 /// One claimed event, as the relay reads it from the `outbox` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,14 +322,6 @@ impl Utc {
         put_digits(&mut text[14..16], (self.second_of_day % 3600 / 60) as u64);
         put_digits(&mut text[17..19], (self.second_of_day % 60) as u64);
         put_digits(&mut text[20..26], self.micros as u64);
-    }
-}
-
-/// Writes `value`'s last `out.len()` decimal digits into `out`, zero-padded.
-fn put_digits(out: &mut [u8], mut value: u64) {
-    for digit in out.iter_mut().rev() {
-        *digit = b'0' + (value % 10) as u8;
-        value /= 10;
     }
 }
 

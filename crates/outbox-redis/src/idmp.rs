@@ -33,12 +33,15 @@ pub fn producer(namespace: &str, group: u16) -> String {
     format!("{namespace}:{group}")
 }
 
-/// An event's identity: its id and `created_at` (microseconds), as ids can be used again.
-pub fn identity(id: i64, created_at: i64) -> String {
+/// An event's identity: its id and `created_at` (microseconds), as ids can be used again; what
+/// [`identity_arg`] writes, as text for the tests.
+#[cfg(test)]
+fn identity(id: i64, created_at: i64) -> String {
     format!("{id}-{created_at}")
 }
 
-/// [`identity`], as a command's argument.
+/// An event's identity (its id and `created_at` in microseconds, as ids can be used again), as a
+/// command's argument: `42-1000`.
 pub fn identity_arg(args: &mut Args<'_>, id: i64, created_at: i64) {
     args.int_pair(id, b'-', created_at);
 }

@@ -425,13 +425,7 @@ pub(crate) mod tests {
         let target = target(Dedupe::Off);
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
         let chunk = chunk_of(&target, &events);
-        let layout = build(
-            &chunk,
-            ScriptCall::BySha,
-            &shape(InUse::Off),
-            Packed::default(),
-        )
-        .layout;
+        let layout = built(&chunk, &shape(InUse::Off)).layout;
         let added = || reply(b"$3\r\n1-1\r\n");
         let wrongtype = || reply(b"-WRONGTYPE Operation against a key\r\n");
         let Ok(answer) = read(&chunk, &layout, vec![wrongtype(), added(), wrongtype()]) else {
@@ -454,6 +448,11 @@ pub(crate) mod tests {
             read(&chunk, &layout, vec![added()]),
             Err(Failed::Broken(_))
         ));
+    }
+
+    /// The chunk's round trip on one server, into a new buffer.
+    fn built(chunk: &Chunk, shape: &Shape) -> Commands {
+        build(chunk, ScriptCall::BySha, shape, Packed::default())
     }
 
     /// The commands built, read back one by one.
@@ -480,12 +479,7 @@ pub(crate) mod tests {
         events[2].headers = Some("h3".into());
         events[3].headers = Some("h4".into());
         let chunk = chunk_of(&target, &events);
-        let commands = build(
-            &chunk,
-            ScriptCall::BySha,
-            &shape(InUse::Markers),
-            Packed::default(),
-        );
+        let commands = built(&chunk, &shape(InUse::Markers));
         assert_eq!(commands.commands.len(), 1);
         let args = args(&listed(&commands)[0]);
         // EVALSHA, the digest, 3 keys (the stream, one run's two marker hashes).
@@ -511,13 +505,7 @@ pub(crate) mod tests {
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
         let chunk = chunk_of(&target, &events);
         // One call per stream: a gets events 1 and 3, b event 2.
-        let layout = build(
-            &chunk,
-            ScriptCall::BySha,
-            &shape(InUse::Markers),
-            Packed::default(),
-        )
-        .layout;
+        let layout = built(&chunk, &shape(InUse::Markers)).layout;
         let none = || reply(b"*0\r\n");
         let Ok(answer) = read(&chunk, &layout, vec![none(), none()]) else {
             panic!("an empty reply failed the chunk");
@@ -567,7 +555,7 @@ pub(crate) mod tests {
             dedupe: InUse::Idmp,
             acked: true,
         };
-        let built = build(&chunk, ScriptCall::BySha, &shape, Packed::default());
+        let built = built(&chunk, &shape);
         assert_eq!(built.commands.len(), 2);
         assert_eq!(
             args(&listed(&built)[0])[..11],
@@ -600,12 +588,7 @@ pub(crate) mod tests {
         target.stream_max_age = Duration::from_secs(60);
         let events = [event(1, "a"), event(2, "a")];
         let chunk = chunk_of(&target, &events);
-        let built = build(
-            &chunk,
-            ScriptCall::BySha,
-            &shape(InUse::Off),
-            Packed::default(),
-        );
+        let built = built(&chunk, &shape(InUse::Off));
         assert_eq!(built.commands.len(), 3);
         let trim = args(&listed(&built)[0]);
         assert_eq!(trim[..4], ["XTRIM", "a", "MINID", "~"]);

@@ -97,8 +97,7 @@ impl Packed {
         write(&mut args);
         let count = args.count;
         if (10..100).contains(&count) {
-            self.bytes[start + 1] = b'0' + (count / 10) as u8;
-            self.bytes[start + 2] = b'0' + (count % 10) as u8;
+            put_digits(&mut self.bytes[start + 1..start + 3], count as u64);
         } else {
             let mut header = vec![b'*'];
             push_decimal(&mut header, count as u64);
@@ -184,18 +183,23 @@ fn signed_len(value: i64) -> usize {
     usize::from(value < 0) + decimal_len(value.unsigned_abs())
 }
 
-/// Appends `value` in decimal, without `fmt`.
-pub fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
-    let start = out.len();
-    out.resize(start + decimal_len(value), b'0');
-    for digit in out[start..].iter_mut().rev() {
+/// Writes `value`'s last `out.len()` decimal digits into `out`, zero-padded, without `fmt`.
+pub fn put_digits(out: &mut [u8], mut value: u64) {
+    for digit in out.iter_mut().rev() {
         *digit = b'0' + (value % 10) as u8;
         value /= 10;
     }
 }
 
+/// Appends `value` in decimal.
+fn push_decimal(out: &mut Vec<u8>, value: u64) {
+    let start = out.len();
+    out.resize(start + decimal_len(value), b'0');
+    put_digits(&mut out[start..], value);
+}
+
 /// Appends `value` in decimal, with its sign.
-pub fn push_signed(out: &mut Vec<u8>, value: i64) {
+fn push_signed(out: &mut Vec<u8>, value: i64) {
     if value < 0 {
         out.push(b'-');
     }
