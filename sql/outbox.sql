@@ -125,14 +125,15 @@ COMMENT ON TABLE @extschema@.outbox_dead IS
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_dead', '');
 
--- SECURITY DEFINER without a SET search_path clause, on purpose: the function resolves nothing
--- through search_path (its insert names @extschema@.outbox and passes parameters of the
--- columns' own types), so callers' objects cannot hijack it, and every call is spared the
--- GUC save and restore that such a clause costs. See src/enqueue.rs.
+-- Runs as its caller (SECURITY INVOKER): EXECUTE is the privilege it asks for, and the row goes
+-- in with the table owner's right to insert it, while what the insert fires (triggers, CHECK
+-- constraints, defaults, index expressions added by hand) runs as the caller, as it would for
+-- the caller's own INSERT. Nothing the caller's search_path reaches is ever run with the
+-- owner's rights. See src/write/enqueue.rs.
 CREATE FUNCTION @extschema@.outbox_enqueue(topic text, payload jsonb, key text DEFAULT NULL,
                                           headers jsonb DEFAULT NULL,
                                           deliver_after interval DEFAULT NULL) RETURNS bigint
-    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', 'outbox_enqueue_wrapper';
 COMMENT ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, jsonb, interval) IS
     'Writes an event in the current transaction and returns its id; the relay publishes it after commit (or once deliver_after has passed).';
@@ -148,8 +149,33 @@ CREATE FUNCTION @extschema@._outbox_wake() RETURNS void
     LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', '_outbox_wake_wrapper';
 
+-- The redrive functions run as their owner, and so does what their statements fire (triggers,
+-- constraints and defaults on outbox). Their pinned search_path puts pg_catalog first, but a
+-- session's temporary schema is always searched for relations and types, last where it is
+-- named last: a name that a trigger leaves unqualified and pg_catalog does not hold finds the
+-- caller's temporary table, view or domain, whose triggers or functions would then run with
+-- the owner's rights. So they refuse to run in a session whose temporary schema holds any.
+CREATE FUNCTION @extschema@._outbox_no_temporary_objects() RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_class c
+               WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())
+       OR EXISTS (SELECT FROM pg_catalog.pg_type t
+                  WHERE t.typnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) THEN
+        RAISE EXCEPTION 'cannot redrive in a session that has temporary tables or types'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The redrive functions run what their insert into outbox fires with '
+                           'their owner''s rights, and an unqualified name there would find '
+                           'this session''s temporary objects.',
+                  HINT = 'Redrive from a session without temporary objects (DISCARD TEMP).';
+    END IF;
+END
+$$;
+
 -- SECURITY DEFINER, so that EXECUTE is all a role needs to redrive; the pinned search_path
--- keeps callers' objects out of it. A dead event goes back with its own id, and outbox holds
+-- and the refusal of a session's temporary objects keep callers' objects out of it. A dead event goes back with its own id, and outbox holds
 -- each id once: a dead event whose id outbox holds (ids used again, see the README, or another
 -- dead event of that id redriven first) stays in outbox_dead, and a WARNING says so, so that
 -- it never undoes the redrive of the others. The insert comes first and the delete takes only
@@ -165,6 +191,7 @@ DECLARE
     dead_events bigint;
     moved bigint;
 BEGIN
+    PERFORM @extschema@._outbox_no_temporary_objects();
     -- Of dead events that share the id, the one created first goes back.
     WITH candidates AS (
         SELECT d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
@@ -220,6 +247,7 @@ DECLARE
     stayed bigint;
     stayed_ids bigint[];
 BEGIN
+    PERFORM @extschema@._outbox_no_temporary_objects();
     WITH candidates AS (
         SELECT d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
         FROM @extschema@.outbox_dead d

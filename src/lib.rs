@@ -41,6 +41,8 @@ pub extern "C-unwind" fn _PG_init() {
         // pg_upgrade starts servers with our library preloaded; relaying there would be wrong.
         return;
     }
+    // Wherever outbox_enqueue can run, preloaded or not.
+    hooks::executor::init();
     if !preloading {
         ErrorReport::new(
             PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,

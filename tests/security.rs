@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::redis_keys::{poison, unpoison};
 use common::sql::{one, query_in, session, value_in};
-use common::{enqueue_many, sqlstate, wait_until, Pg, Redis};
+use common::{enqueue_many, sqlstate, wait_until, Client, Pg, Redis};
 
 // ---------------------------------------------------------------------------------------------
 // A hostile database owner: set-up
@@ -535,4 +535,251 @@ fn a_role_granted_only_execute_can_redrive() {
             .unwrap_err();
         assert_eq!(sqlstate(&error), "42501", "ops reads {table}: {error:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What outbox_enqueue fires runs as its caller
+// ---------------------------------------------------------------------------------------------
+
+/// A server with the extension, no relay, and `app`: a role granted EXECUTE on
+/// `outbox_enqueue` and, as every role is by default, TEMP on the database. `admin` is the
+/// superuser's session, which sets up what a DBA adds to the tables.
+fn caller_and_admin() -> (Pg, Client) {
+    let pg = common::server();
+    let mut admin = pg.with_extension();
+    admin
+        .batch_execute(
+            "CREATE ROLE app LOGIN; \
+             GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb, interval) TO app",
+        )
+        .unwrap();
+    (pg, admin)
+}
+
+/// `app`'s own objects, each of which runs `ALTER ROLE app SUPERUSER` when used: a temporary
+/// table whose insert trigger does, and a temporary view that calls a function that does. An
+/// unqualified name finds a temporary table or view before any schema's.
+const SEIZE: &str = "\
+    CREATE FUNCTION pg_temp.seize() RETURNS text LANGUAGE plpgsql AS \
+        $$BEGIN ALTER ROLE app SUPERUSER; RETURN 'seized'; END$$; \
+    CREATE FUNCTION pg_temp.seize_row() RETURNS trigger LANGUAGE plpgsql AS \
+        $$BEGIN PERFORM pg_temp.seize(); RETURN NEW; END$$;";
+
+fn app_is_superuser(admin: &mut Client) -> bool {
+    one(admin, "SELECT rolsuper FROM pg_roles WHERE rolname = 'app'")
+}
+
+/// The escalation a DBA's everyday audit trigger opened: its unqualified `outbox_audit` found
+/// `app`'s temporary table first, whose trigger ran with the extension owner's rights. Now the
+/// trigger runs as the caller, as it does for the caller's own INSERT: it needs the caller's
+/// privileges, records the caller as current_user, and what it reaches of the caller's runs
+/// with the caller's rights only, on both ways in (`outbox` and, delayed, `outbox_delayed`).
+#[test]
+fn a_trigger_on_outbox_runs_as_the_caller_of_outbox_enqueue() {
+    let (pg, mut admin) = caller_and_admin();
+    admin
+        .batch_execute(
+            "CREATE TABLE public.outbox_audit (id bigint, by_role text); \
+             CREATE FUNCTION public.audit_outbox() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$BEGIN INSERT INTO outbox_audit VALUES (NEW.id, current_user); RETURN NEW; END$$; \
+             CREATE TRIGGER audit AFTER INSERT ON outbox \
+                 FOR EACH ROW EXECUTE FUNCTION public.audit_outbox(); \
+             CREATE TRIGGER audit AFTER INSERT ON outbox_delayed \
+                 FOR EACH ROW EXECUTE FUNCTION public.audit_outbox()",
+        )
+        .unwrap();
+    let calls = [
+        "SELECT outbox_enqueue('audited', '{}')",
+        "SELECT outbox_enqueue('audited', '{}', deliver_after => '1 hour')",
+    ];
+
+    let mut app = pg.connect_as("postgres", "app");
+    for call in calls {
+        let error = app.batch_execute(call).unwrap_err();
+        assert_eq!(
+            sqlstate(&error),
+            "42501",
+            "{call}: the trigger ran with more than the caller's rights: {error:?}"
+        );
+    }
+    admin
+        .batch_execute("GRANT INSERT ON public.outbox_audit TO app")
+        .unwrap();
+    for call in calls {
+        app.batch_execute(call)
+            .unwrap_or_else(|e| panic!("{call}: {e:?}"));
+    }
+    let audited: Vec<(i64, String)> = admin
+        .query(
+            "SELECT id, by_role FROM public.outbox_audit ORDER BY id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(audited.len(), 2, "{audited:?}");
+    assert!(audited.iter().all(|(_, by)| by == "app"), "{audited:?}");
+
+    app.batch_execute(&format!(
+        "{SEIZE} CREATE TEMP TABLE outbox_audit (id bigint, by_role text); \
+         CREATE TRIGGER seize BEFORE INSERT ON pg_temp.outbox_audit \
+             FOR EACH ROW EXECUTE FUNCTION pg_temp.seize_row()"
+    ))
+    .unwrap();
+    for call in calls {
+        let error = app.batch_execute(call).unwrap_err();
+        assert_eq!(sqlstate(&error), "42501", "{call}: {error:?}");
+        assert!(!app_is_superuser(&mut admin), "{call} made app a superuser");
+    }
+    assert_eq!(
+        one::<i64>(
+            &mut admin,
+            "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM outbox_delayed)"
+        ),
+        2,
+        "a failed call wrote an event"
+    );
+}
+
+/// The same through a CHECK constraint whose function reads a table by an unqualified name:
+/// `app`'s temporary view of that name is found first, and its function runs as `app`.
+#[test]
+fn a_check_constraint_on_outbox_runs_as_the_caller_of_outbox_enqueue() {
+    let (pg, mut admin) = caller_and_admin();
+    admin
+        .batch_execute(
+            "CREATE TABLE public.banned_topics (topic text); \
+             GRANT SELECT ON public.banned_topics TO app; \
+             CREATE FUNCTION public.topic_allowed(t text) RETURNS boolean LANGUAGE plpgsql AS \
+                 $$BEGIN RETURN NOT EXISTS (SELECT 1 FROM banned_topics b WHERE b.topic = t); END$$; \
+             ALTER TABLE outbox ADD CONSTRAINT topic_allowed CHECK (public.topic_allowed(topic))",
+        )
+        .unwrap();
+    let mut app = pg.connect_as("postgres", "app");
+    app.batch_execute("SELECT outbox_enqueue('checked', '{}')")
+        .unwrap();
+
+    app.batch_execute(&format!(
+        "{SEIZE} CREATE TEMP VIEW banned_topics AS SELECT pg_temp.seize() AS topic"
+    ))
+    .unwrap();
+    let error = app
+        .batch_execute("SELECT outbox_enqueue('checked', '{}')")
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "42501", "{error:?}");
+    assert!(
+        !app_is_superuser(&mut admin),
+        "the CHECK made app a superuser"
+    );
+    assert_eq!(one::<i64>(&mut admin, "SELECT count(*) FROM outbox"), 1);
+}
+
+/// The same through a column default added by hand (which sends the row through an `INSERT`
+/// statement instead of the executor's single-row insert): the default's function runs as the
+/// caller, and gives the row its value.
+#[test]
+fn a_column_default_on_outbox_runs_as_the_caller_of_outbox_enqueue() {
+    let (pg, mut admin) = caller_and_admin();
+    admin
+        .batch_execute(
+            "CREATE TABLE public.sources (name text); \
+             INSERT INTO public.sources VALUES ('billing'); \
+             GRANT SELECT ON public.sources TO app; \
+             CREATE FUNCTION public.current_source() RETURNS text LANGUAGE plpgsql AS \
+                 $$BEGIN RETURN (SELECT name FROM sources LIMIT 1); END$$; \
+             ALTER TABLE outbox ADD COLUMN source text DEFAULT public.current_source()",
+        )
+        .unwrap();
+    let mut app = pg.connect_as("postgres", "app");
+    let id: i64 = one(&mut app, "SELECT outbox_enqueue('sourced', '{}')");
+    let source: String = admin
+        .query_one("SELECT source FROM outbox WHERE id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert_eq!(source, "billing");
+
+    app.batch_execute(&format!(
+        "{SEIZE} CREATE TEMP VIEW sources AS SELECT pg_temp.seize() AS name"
+    ))
+    .unwrap();
+    let error = app
+        .batch_execute("SELECT outbox_enqueue('sourced', '{}')")
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), "42501", "{error:?}");
+    assert!(
+        !app_is_superuser(&mut admin),
+        "the default made app a superuser"
+    );
+    assert_eq!(one::<i64>(&mut admin, "SELECT count(*) FROM outbox"), 1);
+}
+
+/// The redrive functions run as their owner, so what their insert into `outbox` fires does
+/// too: a DBA's trigger with an unqualified name would find the caller's temporary table. They
+/// refuse a session whose temporary schema holds anything, and redrive once it is empty.
+#[test]
+fn a_redrive_refuses_a_session_with_temporary_objects() {
+    let (pg, mut admin) = caller_and_admin();
+    admin
+        .batch_execute(
+            "CREATE ROLE ops LOGIN; \
+             GRANT EXECUTE ON FUNCTION outbox_redrive(bigint), outbox_redrive_all() TO ops; \
+             CREATE TABLE public.outbox_audit (id bigint, by_role text); \
+             CREATE FUNCTION public.audit_outbox() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$BEGIN INSERT INTO outbox_audit VALUES (NEW.id, current_user); RETURN NEW; END$$; \
+             CREATE TRIGGER audit AFTER INSERT ON outbox \
+                 FOR EACH ROW EXECUTE FUNCTION public.audit_outbox(); \
+             INSERT INTO outbox_dead (id, topic, payload, created_at, attempts, last_error) \
+                 SELECT nextval('outbox_id_seq'), 'dead', '{}', now(), 1, 'rejected' \
+                 FROM generate_series(1, 2)",
+        )
+        .unwrap();
+    let dead: Vec<i64> = admin
+        .query("SELECT id FROM outbox_dead ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+
+    let mut ops = pg.connect_as("postgres", "ops");
+    ops.batch_execute(&format!(
+        "{} CREATE TEMP TABLE outbox_audit (id bigint, by_role text); \
+         CREATE TRIGGER seize BEFORE INSERT ON pg_temp.outbox_audit \
+             FOR EACH ROW EXECUTE FUNCTION pg_temp.seize_row()",
+        SEIZE.replace("ALTER ROLE app", "ALTER ROLE ops")
+    ))
+    .unwrap();
+    for call in [
+        format!("SELECT outbox_redrive({})", dead[0]),
+        "SELECT outbox_redrive_all()".to_string(),
+    ] {
+        let error = ops.batch_execute(&call).unwrap_err();
+        assert_eq!(sqlstate(&error), "55000", "{call}: {error:?}");
+        assert!(
+            !one::<bool>(
+                &mut admin,
+                "SELECT rolsuper FROM pg_roles WHERE rolname = 'ops'"
+            ),
+            "{call} made ops a superuser"
+        );
+    }
+    assert_eq!(
+        one::<i64>(&mut admin, "SELECT count(*) FROM outbox_dead"),
+        2
+    );
+
+    // With the trigger's table named with its schema, a session without temporary objects
+    // redrives.
+    admin
+        .batch_execute(
+            "CREATE OR REPLACE FUNCTION public.audit_outbox() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$BEGIN INSERT INTO public.outbox_audit VALUES (NEW.id, current_user); RETURN NEW; END$$",
+        )
+        .unwrap();
+    ops.batch_execute("DISCARD TEMP").unwrap();
+    assert_eq!(one::<i64>(&mut ops, "SELECT outbox_redrive_all()"), 2);
+    assert_eq!(
+        one::<i64>(&mut admin, "SELECT count(*) FROM public.outbox_audit"),
+        2
+    );
 }

@@ -13,8 +13,9 @@ use crate::pg::utf8;
 
 /// The versions of the extension's objects this library's statements relay: its own, and the
 /// earlier ones whose updates since changed nothing the relay reads (0.7.0 added a view, 0.8.0
-/// a column of `outbox_workers`).
-const RELAYED_VERSIONS: [&str; 3] = ["0.6.0", "0.7.0", env!("CARGO_PKG_VERSION")];
+/// a column of `outbox_workers`, 0.9.0 made `outbox_enqueue` run as its caller and gave
+/// `outbox_status` a column).
+const RELAYED_VERSIONS: [&str; 4] = ["0.6.0", "0.7.0", "0.8.0", env!("CARGO_PKG_VERSION")];
 
 /// How long the worker trusts its last look-up of the extension while it is relaying.
 const RECHECK: Duration = Duration::from_secs(1);

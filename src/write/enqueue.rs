@@ -1,10 +1,11 @@
 //! The write path: `outbox_enqueue(topic, payload, key, headers, deliver_after)` and its input
 //! checks, and `outbox_lane(key, topic)`.
 //!
-//! The function is declared in `sql/outbox.sql` as SECURITY DEFINER, so a role needs only
-//! `EXECUTE` on it, never a privilege on the table. It resolves nothing through `search_path`:
-//! it finds the table by the extension's schema, so a caller's objects cannot hijack it, and it
-//! spares every call the cost of a `SET search_path` clause.
+//! The function runs as its caller (`sql/outbox.sql` declares it without SECURITY DEFINER): a
+//! role needs `EXECUTE` on it and no privilege on the tables, because the insert lends itself
+//! the table owner's right to write the row (`insert/`), while what the insert fires runs as
+//! the caller, as for the caller's own `INSERT`. It resolves nothing through `search_path`: it
+//! finds its tables by the extension's schema, so a caller's objects cannot hijack it.
 //!
 //! The row goes in through the executor's single-row insert (`insert/`). The arguments
 //! stay raw datums: the topic is checked as bytes and the payload is never converted to a Rust

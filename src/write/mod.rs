@@ -9,7 +9,7 @@
 
 mod backend;
 mod enqueue;
-mod insert;
+pub mod insert;
 pub mod lane;
 mod trace;
 pub mod w3c;

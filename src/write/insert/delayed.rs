@@ -5,19 +5,22 @@
 //!
 //! The statement is prepared once per backend and schema and kept (`SPI_keepplan`); PostgreSQL's
 //! plan cache plans it again when the table changes, and looks its names up again if the
-//! extension is created anew.
+//! extension is created anew. Its text names the schema, so a renamed schema gets a statement
+//! of its own. It runs as the caller of `outbox_enqueue`, with the table owner's right to write
+//! the row (`owner_right.rs`); the id comes from the sequence as the owner takes it.
 
 use std::cell::RefCell;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::extra::Extra;
+use super::owner_right;
 use crate::write::backend::BackendLocal;
 
-/// The kept plan, and the schema it inserts into.
-static PLAN: BackendLocal<RefCell<Option<(pg_sys::Oid, pg_sys::SPIPlanPtr)>>> =
+/// The kept plan, and the schema it inserts into: its OID and the name the statement gives it.
+static PLAN: BackendLocal<RefCell<Option<(pg_sys::Oid, CString, pg_sys::SPIPlanPtr)>>> =
     BackendLocal::new(RefCell::new(None));
 
 /// Inserts a delayed event into `outbox_delayed` of schema `schema`; returns its id, taken from
@@ -32,14 +35,25 @@ pub unsafe fn insert_delayed(
     payload: pg_sys::Datum,
     extra: &Extra,
 ) -> i64 {
-    // SAFETY: SPI calls inside the caller's transaction, with datums of the declared types.
+    // SAFETY: catalog reads and SPI calls inside the caller's transaction, with datums of the
+    // declared types.
     unsafe {
+        let namespace = pg_sys::get_namespace_name(schema);
+        let relid = |name: &CStr| pg_sys::get_relname_relid(name.as_ptr(), schema);
+        let (table, sequence) = (relid(c"outbox_delayed"), relid(c"outbox_id_seq"));
+        if namespace.is_null() || table == pg_sys::InvalidOid || sequence == pg_sys::InvalidOid {
+            error!(
+                "outbox_enqueue: the extension's outbox_delayed table or id sequence is missing"
+            );
+        }
+        let id = super::nextval(sequence);
         pg_sys::SPI_connect();
-        let plan = plan_for(schema);
+        let plan = plan_for(schema, CStr::from_ptr(namespace));
         let key = extra.key.unwrap_or(pg_sys::Datum::from(0));
         let headers = extra.headers.unwrap_or(pg_sys::Datum::from(0));
         let deliver_at = extra.deliver_at.unwrap_or(pg_sys::Datum::from(0));
         let mut values = [
+            pg_sys::Datum::from(id),
             topic,
             payload,
             pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp()),
@@ -59,54 +73,47 @@ pub unsafe fn insert_delayed(
             null(false),
             null(false),
             null(false),
+            null(false),
             null(extra.key.is_none()),
             null(extra.headers.is_none()),
             null(false),
             null(extra.deliver_at.is_none()),
         ];
-        let status = pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 1);
+        let status = owner_right::with_owner_right(table, || {
+            pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 1)
+        });
         let id = super::statement::returned_id(status, "outbox_delayed");
         pg_sys::SPI_finish();
         id
     }
 }
 
-/// The kept plan for `schema`, prepared on first use.
+/// The kept plan for `schema`, named `namespace`, prepared on first use and again when the
+/// schema's name changed.
 ///
 /// # Safety
 /// Must run between `SPI_connect` and `SPI_finish`.
-unsafe fn plan_for(schema: pg_sys::Oid) -> pg_sys::SPIPlanPtr {
-    if let Some((kept, plan)) = *PLAN.get().borrow() {
-        if kept == schema {
-            return plan;
+unsafe fn plan_for(schema: pg_sys::Oid, namespace: &CStr) -> pg_sys::SPIPlanPtr {
+    if let Some((kept, name, plan)) = &*PLAN.get().borrow() {
+        if *kept == schema && name.as_c_str() == namespace {
+            return *plan;
         }
     }
-    // SAFETY: catalog reads and SPI calls inside the caller's transaction.
+    // SAFETY: SPI calls inside the caller's transaction.
     unsafe {
-        let namespace = pg_sys::get_namespace_name(schema);
-        if namespace.is_null() {
-            error!("outbox_enqueue: the extension's schema is missing");
-        }
-        let text = |ptr: *const std::ffi::c_char| std::ffi::CStr::from_ptr(ptr).to_bytes().to_vec();
-        let table = text(pg_sys::quote_qualified_identifier(
-            namespace,
+        let table = CStr::from_ptr(pg_sys::quote_qualified_identifier(
+            namespace.as_ptr(),
             c"outbox_delayed".as_ptr(),
         ));
-        let sequence = text(pg_sys::quote_literal_cstr(
-            pg_sys::quote_qualified_identifier(namespace, c"outbox_id_seq".as_ptr()),
-        ));
         let mut sql = b"INSERT INTO ".to_vec();
-        sql.extend_from_slice(&table);
+        sql.extend_from_slice(table.to_bytes());
         sql.extend_from_slice(
             b" (id, topic, payload, created_at, key, headers, lane, deliver_at) \
-              VALUES (pg_catalog.nextval(",
-        );
-        sql.extend_from_slice(&sequence);
-        sql.extend_from_slice(
-            b"::pg_catalog.regclass), $1, $2, $3, $4, $5, $6, $7) RETURNING id::pg_catalog.int8",
+              VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id::pg_catalog.int8",
         );
         let sql = CString::new(sql).unwrap_or_default();
         let mut types = [
+            pg_sys::INT8OID,
             pg_sys::TEXTOID,
             pg_sys::JSONBOID,
             pg_sys::TIMESTAMPTZOID,
@@ -120,7 +127,8 @@ unsafe fn plan_for(schema: pg_sys::Oid) -> pg_sys::SPIPlanPtr {
             error!("outbox_enqueue: cannot prepare the insert into outbox_delayed");
         }
         pg_sys::SPI_keepplan(plan);
-        if let Some((_, old)) = PLAN.get().replace(Some((schema, plan))) {
+        let kept = (schema, namespace.to_owned(), plan);
+        if let Some((_, _, old)) = PLAN.get().replace(Some(kept)) {
             pg_sys::SPI_freeplan(old);
         }
         plan

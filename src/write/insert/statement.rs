@@ -1,5 +1,7 @@
 //! The insert for a table whose shape was changed by hand: a plain `INSERT` statement, so that
-//! its columns get their types and defaults as in any `INSERT`.
+//! its columns get their types and defaults as in any `INSERT`. It runs as the caller of
+//! `outbox_enqueue`, with the table owner's right to write the row (`owner_right.rs`): the
+//! defaults, constraints and triggers added by hand run as the caller.
 
 use std::ffi::CStr;
 
@@ -7,15 +9,19 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::extra::Extra;
+use super::owner_right;
 
-/// Inserts the event with a plain `INSERT` statement, for a table whose shape the fast path does
-/// not fill: the columns get their types and defaults as in any `INSERT`. The values go in as
-/// literals, which PostgreSQL reads with the columns' own input functions, whatever their types.
+/// Inserts the event with id `id` with a plain `INSERT` statement into `table`, the `outbox` of
+/// `schema`, for a table whose shape the fast path does not fill: the other columns get their
+/// types and defaults as in any `INSERT`. The values go in as literals, which PostgreSQL reads
+/// with the columns' own input functions, whatever their types.
 ///
 /// # Safety
 /// Both datums must be non-null, of types text and jsonb; `extra`'s datums as it says.
 pub unsafe fn insert_statement(
     schema: pg_sys::Oid,
+    table_oid: pg_sys::Oid,
+    id: i64,
     topic: pg_sys::Datum,
     payload: pg_sys::Datum,
     extra: Option<&Extra>,
@@ -43,8 +49,8 @@ pub unsafe fn insert_statement(
                 .to_bytes()
                 .to_vec()
         };
-        let mut columns: Vec<&[u8]> = vec![b"topic", b"payload"];
-        let mut values = vec![text(topic), json(payload)];
+        let mut columns: Vec<&[u8]> = vec![b"id", b"topic", b"payload"];
+        let mut values = vec![id.to_string().into_bytes(), text(topic), json(payload)];
         if let Some(extra) = extra {
             columns.push(b"lane");
             values.push(extra.lane.to_string().into_bytes());
@@ -67,7 +73,9 @@ pub unsafe fn insert_statement(
         let sql = std::ffi::CString::new(sql).unwrap_or_default();
 
         pg_sys::SPI_connect();
-        let status = pg_sys::SPI_execute(sql.as_ptr(), false, 1);
+        let status = owner_right::with_owner_right(table_oid, || {
+            pg_sys::SPI_execute(sql.as_ptr(), false, 1)
+        });
         let id = returned_id(status, "outbox");
         pg_sys::SPI_finish();
         id

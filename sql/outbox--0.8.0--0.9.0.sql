@@ -1,0 +1,140 @@
+-- outbox 0.8.0 -> 0.9.0: outbox_enqueue runs as its caller.
+--
+-- As SECURITY DEFINER, the triggers, CHECK constraints and defaults that its insert fired ran
+-- as the extension's owner with the caller's search_path, where the caller's temporary tables
+-- come first: a caller with EXECUTE and TEMP could get its own code run with the owner's
+-- rights. The library now gives the insert the owner's right to write the row and runs all
+-- it fires as the caller. Nothing the relay reads changes: the library relays 0.8.0, 0.7.0
+-- and 0.6.0 objects as they are (and runs outbox_enqueue as their owner until this update).
+ALTER FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, jsonb, interval) SECURITY INVOKER;
+
+-- The redrive functions stay SECURITY DEFINER, and refuse to run in a session whose temporary
+-- schema holds relations or types: their pinned search_path cannot keep a trigger's
+-- unqualified name from finding those.
+CREATE FUNCTION @extschema@._outbox_no_temporary_objects() RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_class c
+               WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())
+       OR EXISTS (SELECT FROM pg_catalog.pg_type t
+                  WHERE t.typnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) THEN
+        RAISE EXCEPTION 'cannot redrive in a session that has temporary tables or types'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The redrive functions run what their insert into outbox fires with '
+                           'their owner''s rights, and an unqualified name there would find '
+                           'this session''s temporary objects.',
+                  HINT = 'Redrive from a session without temporary objects (DISCARD TEMP).';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION @extschema@.outbox_redrive(id bigint) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    dead_id ALIAS FOR $1;
+    dead_events bigint;
+    moved bigint;
+BEGIN
+    PERFORM @extschema@._outbox_no_temporary_objects();
+    -- Of dead events that share the id, the one created first goes back.
+    WITH candidates AS (
+        SELECT d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
+        FROM @extschema@.outbox_dead d
+        WHERE d.id = dead_id
+        ORDER BY d.created_at
+        FOR UPDATE
+    ), back AS (
+        INSERT INTO @extschema@.outbox AS o
+            (id, topic, payload, created_at, attempts, last_error, key, headers, lane)
+        SELECT c.id, c.topic, c.payload, c.created_at, 0, c.last_error, c.key, c.headers,
+               @extschema@.outbox_lane(c.key, c.topic)
+        FROM candidates c
+        ORDER BY c.created_at
+        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING
+        RETURNING o.id, o.created_at
+    ), gone AS (
+        DELETE FROM @extschema@.outbox_dead d USING back b
+        WHERE d.id = b.id AND d.created_at = b.created_at
+        RETURNING d.id
+    )
+    SELECT (SELECT count(*) FROM candidates), (SELECT count(*) FROM gone)
+    INTO dead_events, moved;
+    IF moved > 0 THEN
+        PERFORM @extschema@._outbox_wake();
+    END IF;
+    IF moved = 0 AND dead_events > 0 THEN
+        RAISE WARNING 'dead event % stays in outbox_dead: outbox holds another event with id %',
+                      dead_id, dead_id
+            USING DETAIL = 'A dead event goes back with its own id, and outbox holds each id once.',
+                  HINT = 'Ids are used again after TRUNCATE outbox RESTART IDENTITY, a setval '
+                         'on outbox_id_seq or a restore. Redrive it once the event holding its '
+                         'id has left outbox (published, then pruned after outbox.retention).';
+    ELSIF moved < dead_events THEN
+        RAISE WARNING '% of the % dead events with id % stay in outbox_dead',
+                      dead_events - moved, dead_events, dead_id
+            USING DETAIL = 'The one created first went back; outbox holds each id once.',
+                  HINT = 'Redrive the others once that event has left outbox (published, then '
+                         'pruned after outbox.retention).';
+    END IF;
+    RETURN moved > 0;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION @extschema@.outbox_redrive_all() RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    moved bigint;
+    stayed bigint;
+    stayed_ids bigint[];
+BEGIN
+    PERFORM @extschema@._outbox_no_temporary_objects();
+    WITH candidates AS (
+        SELECT d.id, d.topic, d.payload, d.created_at, d.last_error, d.key, d.headers
+        FROM @extschema@.outbox_dead d
+        ORDER BY d.id, d.created_at
+        FOR UPDATE
+    ), back AS (
+        INSERT INTO @extschema@.outbox AS o
+            (id, topic, payload, created_at, attempts, last_error, key, headers, lane)
+        SELECT c.id, c.topic, c.payload, c.created_at, 0, c.last_error, c.key, c.headers,
+               @extschema@.outbox_lane(c.key, c.topic)
+        FROM candidates c
+        ORDER BY c.id, c.created_at
+        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING
+        RETURNING o.id, o.created_at
+    ), gone AS (
+        DELETE FROM @extschema@.outbox_dead d USING back b
+        WHERE d.id = b.id AND d.created_at = b.created_at
+        RETURNING d.id, d.created_at
+    ), left_behind AS (
+        SELECT c.id FROM candidates c
+        WHERE NOT EXISTS (SELECT FROM gone g WHERE g.id = c.id AND g.created_at = c.created_at)
+    )
+    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM left_behind),
+           (SELECT array_agg(l.id ORDER BY l.id)
+            FROM (SELECT DISTINCT lb.id FROM left_behind lb ORDER BY lb.id LIMIT 11) l)
+    INTO moved, stayed, stayed_ids;
+    IF moved > 0 THEN
+        PERFORM @extschema@._outbox_wake();
+    END IF;
+    IF stayed > 0 THEN
+        RAISE WARNING '% stay in outbox_dead: outbox holds events with their ids',
+                      CASE WHEN stayed = 1 THEN '1 dead event' ELSE stayed || ' dead events' END
+            USING DETAIL = 'Their ids: '
+                           || array_to_string(stayed_ids[1:10], ', ')
+                           || CASE WHEN cardinality(stayed_ids) > 10 THEN ', ...' ELSE '' END
+                           || '. A dead event goes back with its own id, and outbox holds each id once.',
+                  HINT = 'Ids are used again after TRUNCATE outbox RESTART IDENTITY, a setval '
+                         'on outbox_id_seq or a restore, and dead events can share one. Redrive '
+                         'them once the events holding their ids have left outbox (published, '
+                         'then pruned after outbox.retention).';
+    END IF;
+    RETURN moved;
+END
+$$;
