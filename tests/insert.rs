@@ -526,3 +526,66 @@ fn new_columns_with_defaults_are_filled_on_enqueue() {
     assert_eq!(redis.ids("t"), [before, ids[0], ids[1]]);
     assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
 }
+
+/// An index made on a partition by another session while a transaction already holds the
+/// table's lock: the invalidation it sends is read only when the call takes a lock it does not
+/// hold yet (here the id sequence's, between the check of the kept state and the partition's
+/// open). The call must still see the index, and put its row in it.
+#[test]
+fn an_index_made_during_the_transaction_gets_the_row() {
+    let pg = server();
+    let mut app = pg.with_extension();
+    let mut admin = pg.connect();
+    app.batch_execute("SELECT outbox_enqueue('warm', '{}')")
+        .unwrap();
+    let mut tx = app.transaction().unwrap();
+    tx.batch_execute("LOCK TABLE ONLY outbox IN ROW EXCLUSIVE MODE")
+        .unwrap();
+    admin
+        .batch_execute(
+            "DO $$DECLARE p regclass; BEGIN \
+               FOR p IN SELECT inhrelid::regclass FROM pg_inherits \
+                        WHERE inhparent = 'outbox'::regclass LOOP \
+                 EXECUTE format('CREATE INDEX ON %s (topic)', p); \
+               END LOOP; END$$",
+        )
+        .unwrap();
+    tx.batch_execute("SELECT outbox_enqueue('raced', '{}')")
+        .unwrap();
+    tx.commit().unwrap();
+    assert_eq!(
+        count_through_indexes(
+            &mut admin,
+            "SELECT count(*) FROM outbox WHERE topic = 'raced'"
+        ),
+        1,
+        "the index made meanwhile lacks the row"
+    );
+    check_indexes(&mut admin);
+}
+
+/// `ALTER SCHEMA ... RENAME` of the extension's schema: a session that already wrote a delayed
+/// event goes on writing them under the new name.
+#[test]
+fn a_renamed_schema_goes_on_taking_delayed_events() {
+    let pg = server();
+    let mut admin = pg.connect();
+    admin
+        .batch_execute("CREATE SCHEMA before; CREATE EXTENSION outbox SCHEMA before")
+        .unwrap();
+    let mut app = pg.connect();
+    let delayed = "outbox_enqueue('later', '{}', deliver_after => '1 hour')";
+    app.batch_execute(&format!("SELECT before.{delayed}"))
+        .unwrap();
+    admin
+        .batch_execute("ALTER SCHEMA before RENAME TO after")
+        .unwrap();
+    app.batch_execute(&format!("SELECT after.{delayed}"))
+        .unwrap_or_else(|e| panic!("a delayed event after the rename: {e:?}"));
+    app.batch_execute("SELECT after.outbox_enqueue('now', '{}')")
+        .unwrap();
+    assert_eq!(
+        count(&mut admin, "SELECT count(*) FROM after.outbox_delayed"),
+        2
+    );
+}

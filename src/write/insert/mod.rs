@@ -511,13 +511,14 @@ unsafe fn open_leaf(
     };
     // SAFETY: relcache calls inside the caller's transaction.
     unsafe {
-        let before = GENERATION.get().get();
         let rel = pg_sys::table_open(oids[leaf], lockmode);
         let cached = built.borrow()[leaf].clone();
         if let Some(cached) = cached {
-            // Taking the lock reads pending invalidations: if one came, build from the relcache
-            // entry just opened rather than trust the cached state.
-            if GENERATION.get().get() == before {
+            // Any lock taken since the target was checked (the partition's just now, the id
+            // sequence's before it) may have read invalidations, which the counter counts: if
+            // one came, build from the relcache entry just opened rather than trust the cached
+            // state.
+            if GENERATION.get().get() == target.generation {
                 return (cached, rel);
             }
         }
