@@ -653,8 +653,6 @@ fn an_event_committed_prepared_keeps_its_place_in_its_key() {
         &[
             ("outbox.poll_interval", "10s"),
             ("max_prepared_transactions", "5"),
-            // A transaction that notified cannot be prepared.
-            ("outbox.notify_channel", ""),
         ],
     );
     let mut client = pg.with_extension();

@@ -79,7 +79,9 @@ fn a_committed_event_reaches_its_stream_long_before_the_poll() {
 }
 
 /// Events of a prepared transaction become visible at `COMMIT PREPARED`, which may run in another
-/// session: that commit wakes the relay too, rather than leaving the events to the poll.
+/// session: that commit wakes the relay too, rather than leaving the events to the poll. With
+/// the default `outbox.notify_channel`: the notification is decided at commit, and a prepared
+/// transaction sends none (a transaction that notified could not be prepared).
 #[test]
 fn a_commit_prepared_wakes_the_relay() {
     let redis = Redis::start();
@@ -88,8 +90,6 @@ fn a_commit_prepared_wakes_the_relay() {
         &[
             ("outbox.poll_interval", "30s"),
             ("max_prepared_transactions", "5"),
-            // A transaction that notified cannot be prepared.
-            ("outbox.notify_channel", ""),
         ],
     );
     let mut client = pg.with_extension();
@@ -99,12 +99,14 @@ fn a_commit_prepared_wakes_the_relay() {
         .batch_execute("SELECT outbox_enqueue('warm', '{}')")
         .unwrap();
     assert!(wait_until(Duration::from_secs(10), || redis.xlen("warm") == 1));
+    let mut listener = pg.connect();
+    listener.batch_execute("LISTEN outbox").unwrap();
     let mut preparer = pg.connect();
     preparer
         .batch_execute(
             "BEGIN; SELECT outbox_enqueue('prepared', '{}'); PREPARE TRANSACTION 'later'",
         )
-        .unwrap();
+        .unwrap_or_else(|e| panic!("a transaction that enqueued could not be prepared: {e:?}"));
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(redis.xlen("prepared"), 0, "published before its commit");
     let started = Instant::now();
@@ -123,6 +125,11 @@ fn a_commit_prepared_wakes_the_relay() {
     client.batch_execute("ROLLBACK PREPARED 'never'").unwrap();
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(redis.xlen("prepared"), 1);
+    let heard = common::notifications(&mut listener, Duration::from_millis(300), 1);
+    assert!(
+        heard.is_empty(),
+        "a prepared transaction notified: {heard:?}"
+    );
 }
 
 /// After a pass of its own the worker waits a short while for more commits before it flushes

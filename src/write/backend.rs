@@ -23,6 +23,8 @@ impl<T> BackendLocal<T> {
 
 /// Whether the transaction callback that wakes the relay at commit is registered.
 pub static XACT_CALLBACK: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+/// Whether the transaction callback that sends the notifications at commit is registered.
+pub static NOTIFY_CALLBACK: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 /// Whether the relcache callback that keeps the insert's set-up fresh is registered.
 pub static RELCACHE_CALLBACK: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 

@@ -16,9 +16,9 @@ use std::ffi::CStr;
 use pgrx::fcinfo::{direct_function_call_as_datum, pg_arg_is_null, pg_getarg_datum_raw};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use pgrx::{pg_sys, varlena, IntoDatum, PgLogLevel, PgSqlErrorCode};
+use pgrx::{pg_sys, varlena, PgLogLevel, PgSqlErrorCode};
 
-use super::{insert, lane, trace, wake};
+use super::{insert, lane, notify, trace, wake};
 use crate::gucs;
 use crate::pg::utf8;
 
@@ -246,9 +246,7 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
             }
         };
 
-        if let Some(channel) = gucs::notify_channel_ptr() {
-            notify(channel, topic_datum);
-        }
+        notify::note(topic);
         id
     }
 }
@@ -362,18 +360,6 @@ unsafe fn json_text_len(datum: pg_sys::Datum) -> usize {
             pgrx::varlena::varsize_any(jsonb.cast()) as i32,
         );
         CStr::from_ptr(text).to_bytes().len()
-    }
-}
-
-/// `pg_notify(channel, topic)`: PostgreSQL delivers it at commit and collapses duplicates.
-///
-/// # Safety
-/// `topic` must be a non-null text datum.
-unsafe fn notify(channel: *const std::ffi::c_char, topic: pg_sys::Datum) {
-    // SAFETY: `channel` is the NUL-terminated GUC value; pg_notify copies both arguments.
-    unsafe {
-        let channel = CStr::from_ptr(channel).to_str().unwrap_or_default();
-        direct_function_call_as_datum(pg_sys::pg_notify, &[channel.into_datum(), Some(topic)]);
     }
 }
 
