@@ -173,7 +173,59 @@ fn three_databases_relay_side_by_side_a_fourth_joins_and_one_is_dropped() {
         "a worker went back into the renamed database"
     );
     let log = pg.log();
-    assert!(log.contains("leaving database billing for a DROP DATABASE or a rename"));
+    assert!(
+        log.contains("leaving database billing for a DROP DATABASE, a rename, a copy or a move")
+    );
+}
+
+/// `CREATE DATABASE ... TEMPLATE` of a relayed database and `ALTER DATABASE ... SET TABLESPACE`
+/// need it to themselves, as `DROP DATABASE` does: its worker steps aside for each, and relays
+/// there again right after.
+#[test]
+fn a_relayed_database_can_be_copied_and_moved() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.database", "shop"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut shop = database_with_extension(&pg, "shop");
+    pg.wait_for_workers(1);
+    let mut expected = enqueue_many(&mut shop, "orders", 3);
+    assert!(wait_until(Duration::from_secs(20), || redis.xlen("orders") == 3));
+    drop(shop);
+
+    let location = pg.dir.join("tablespace");
+    std::fs::create_dir(&location).unwrap();
+    common::give_to_postgres(&location);
+    let mut admin = pg.connect();
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLESPACE elsewhere LOCATION '{}'",
+            location.display()
+        ))
+        .unwrap();
+    admin
+        .batch_execute("ALTER DATABASE shop SET TABLESPACE elsewhere")
+        .expect("ALTER DATABASE ... SET TABLESPACE failed while the relay worked there");
+    pg.wait_for_workers(1);
+    admin
+        .batch_execute("CREATE DATABASE shop_copy TEMPLATE shop")
+        .expect("CREATE DATABASE ... TEMPLATE failed while the relay worked there");
+
+    let mut shop = pg.connect_to("shop");
+    expected.extend(enqueue_many(&mut shop, "orders", 3));
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("orders") == 6),
+        "the relay did not come back to the moved database"
+    );
+    assert_eq!(redis.ids("orders"), expected);
+    assert!(
+        pid_in(&pg, "shop_copy").is_none(),
+        "the copy is not selected"
+    );
 }
 
 #[test]

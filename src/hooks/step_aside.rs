@@ -1,9 +1,11 @@
-//! `DROP DATABASE` and `ALTER DATABASE ... RENAME` of a database the relay works in, without
-//! `WITH (FORCE)`: both refuse to run while anyone else is connected to it, and the relay's
-//! workers are. Before such a command runs (from the utility hook, `utility.rs`, in every
-//! backend), the database is paused in shared memory (so the launcher starts no worker there),
-//! its workers are asked to leave and waited for, and the command runs. A paused database is
-//! picked up again ten seconds later, should the command have failed; after a rename, at once.
+//! Statements that need a database the relay works in to themselves, run without `WITH
+//! (FORCE)`: `DROP DATABASE`, `ALTER DATABASE ... RENAME`, `CREATE DATABASE ... TEMPLATE` of it
+//! and `ALTER DATABASE ... SET TABLESPACE`. Each refuses to run while anyone else is connected
+//! to it, and the relay's workers are. Before such a command runs (from the utility hook,
+//! `utility.rs`, in every backend), the database is paused in shared memory (so the launcher
+//! starts no worker there), its workers are asked to leave and waited for, and the command
+//! runs. A paused database is picked up again ten seconds later, should the command have
+//! failed; after a rename, a copy or a move, at once.
 
 use std::ffi::{CStr, CString};
 use std::time::{Duration, Instant};
@@ -21,10 +23,40 @@ const WAIT: Duration = Duration::from_secs(5);
 /// names it: bytes in the session's database encoding, which need not be UTF-8.
 enum Leaving {
     Drop(CString),
-    Rename(CString),
+    /// A rename, a copy (the database as a template) or a move (to another tablespace): the
+    /// database stays, and is relayed again as soon as the statement has run.
+    Return(CString),
 }
 
-/// The database a `DROP DATABASE` or a rename of a database is about, if the statement is one.
+/// The value of option `name` in a statement's list of options, if it is given as a name.
+///
+/// # Safety
+/// `options` must be a valid list of `DefElem` nodes, or null.
+unsafe fn option(options: *mut pg_sys::List, name: &CStr) -> Option<CString> {
+    // SAFETY: guaranteed by the caller; the casts follow the nodes' tags.
+    unsafe {
+        if options.is_null() {
+            return None;
+        }
+        (0..(*options).length).find_map(|at| {
+            let def = (*(*options).elements.add(at as usize))
+                .ptr_value
+                .cast::<pg_sys::DefElem>();
+            if def.is_null()
+                || (*def).defname.is_null()
+                || CStr::from_ptr((*def).defname) != name
+                || (*def).arg.is_null()
+                || (*(*def).arg).type_ != pg_sys::NodeTag::T_String
+            {
+                return None;
+            }
+            let value = (*(*def).arg.cast::<pg_sys::String>()).sval;
+            (!value.is_null()).then(|| CStr::from_ptr(value).to_owned())
+        })
+    }
+}
+
+/// The database a statement needs to itself, if it is one of those above.
 ///
 /// # Safety
 /// `node` must be a valid parse node or null.
@@ -43,10 +75,20 @@ unsafe fn leaving(node: *mut pg_sys::Node) -> Option<Leaving> {
             pg_sys::NodeTag::T_RenameStmt => {
                 let stmt = node.cast::<pg_sys::RenameStmt>();
                 if (*stmt).renameType == pg_sys::ObjectType::OBJECT_DATABASE {
-                    name((*stmt).subname).map(Leaving::Rename)
+                    name((*stmt).subname).map(Leaving::Return)
                 } else {
                     None
                 }
+            }
+            pg_sys::NodeTag::T_CreatedbStmt => {
+                option((*node.cast::<pg_sys::CreatedbStmt>()).options, c"template")
+                    .map(Leaving::Return)
+            }
+            pg_sys::NodeTag::T_AlterDatabaseStmt => {
+                let stmt = node.cast::<pg_sys::AlterDatabaseStmt>();
+                option((*stmt).options, c"tablespace")
+                    .and(name((*stmt).dbname))
+                    .map(Leaving::Return)
             }
             _ => None,
         }
@@ -92,16 +134,16 @@ fn step_aside(name: &CStr) -> Option<u32> {
     Some(oid)
 }
 
-/// What stepping aside did for a command: whether it renames the database, and the database it
+/// What stepping aside did for a command: whether the database stays, and the database it
 /// paused. Plain data: it is kept across the command, which may end in PostgreSQL's longjmp,
 /// past any destructor.
 #[derive(Clone, Copy)]
 pub struct SteppingAside {
-    rename: bool,
+    stays: bool,
     paused: Option<u32>,
 }
 
-/// Before a utility statement runs: if it drops or renames a database the relay works in, its
+/// Before a utility statement runs: if it needs a database the relay works in to itself, its
 /// workers leave first.
 ///
 /// # Safety
@@ -113,19 +155,19 @@ pub unsafe fn before(node: *mut pg_sys::Node) -> Option<SteppingAside> {
         // DROP DATABASE refuses to run in a transaction block: it would fail anyway.
         // SAFETY: reads the transaction state.
         Leaving::Drop(_) if unsafe { pg_sys::IsTransactionBlock() } => None,
-        Leaving::Drop(name) | Leaving::Rename(name) => step_aside(name),
+        Leaving::Drop(name) | Leaving::Return(name) => step_aside(name),
     };
     Some(SteppingAside {
-        rename: matches!(leaving, Leaving::Rename(_)),
+        stays: matches!(leaving, Leaving::Return(_)),
         paused,
     })
 }
 
-/// After the statement ran: a renamed database is relayed again at once (if the setting still
-/// selects it).
+/// After the statement ran: a database renamed, copied or moved is relayed again at once (if
+/// the setting still selects it).
 pub fn after(stepped: Option<SteppingAside>) {
     if let Some(SteppingAside {
-        rename: true,
+        stays: true,
         paused: Some(oid),
     }) = stepped
     {

@@ -59,7 +59,7 @@ impl Status {
     }
 
     /// Whether the launcher gave the slot away (the database is no longer selected) or the
-    /// database is paused for a `DROP DATABASE` or a rename (`share` says); logs why.
+    /// database is paused for a statement that needs it to itself (`share` says); logs why.
     pub fn unwanted(&self, share: &DatabaseShare) -> bool {
         // SAFETY: reads this process's database.
         let mine = unsafe { pg_sys::MyDatabaseId.to_u32() };
@@ -73,7 +73,7 @@ impl Status {
         }
         if share.is_paused(worker::now()) {
             log!(
-                "outbox relay {}: leaving database {} for a DROP DATABASE or a rename",
+                "outbox relay {}: leaving database {} for a DROP DATABASE, a rename, a copy or a move",
                 self.index,
                 self.database
             );

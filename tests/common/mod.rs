@@ -142,7 +142,7 @@ fn pg_command(program: &str) -> Command {
     }
 }
 
-fn give_to_postgres(path: &Path) {
+pub fn give_to_postgres(path: &Path) {
     if is_root() {
         run(Command::new("chown")
             .args(["-R", "postgres:postgres"])
