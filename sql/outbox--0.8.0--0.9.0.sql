@@ -1,4 +1,5 @@
--- outbox 0.8.0 -> 0.9.0: outbox_enqueue runs as its caller.
+-- outbox 0.8.0 -> 0.9.0: outbox_enqueue runs as its caller; outbox_status shows a shortage of
+-- workers.
 --
 -- As SECURITY DEFINER, the triggers, CHECK constraints and defaults that its insert fired ran
 -- as the extension's owner with the caller's search_path, where the caller's temporary tables
@@ -138,3 +139,49 @@ BEGIN
     RETURN moved;
 END
 $$;
+
+-- outbox_status and outbox_metrics gain workers_wanted (outbox.workers): a database short of
+-- workers shows workers_running below it.
+CREATE OR REPLACE VIEW @extschema@.outbox_status AS
+    SELECT
+        (SELECT count(*) FROM @extschema@.outbox
+            WHERE published_at IS NULL AND next_attempt_at IS NULL)
+        + (SELECT count(*) FROM @extschema@.outbox
+            WHERE published_at IS NULL AND next_attempt_at IS NOT NULL)
+        + (SELECT count(*) FROM @extschema@.outbox_delayed) AS pending,
+        -- Since an event could be published: its created_at (its transaction's start), or its
+        -- delivery time while it waits in outbox_delayed.
+        now() - LEAST(
+            (SELECT min(created_at) FROM @extschema@.outbox
+                WHERE published_at IS NULL AND next_attempt_at IS NULL),
+            (SELECT min(created_at) FROM @extschema@.outbox
+                WHERE published_at IS NULL
+                  AND (attempts OPERATOR(pg_catalog.>) 0
+                       OR next_attempt_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz)),
+            (SELECT min(deliver_at) FROM @extschema@.outbox_delayed
+                WHERE deliver_at OPERATOR(pg_catalog.<=) now()))
+            AS oldest_pending_age,
+        (SELECT count(*) FROM @extschema@.outbox_dead) AS dead,
+        @extschema@._outbox_last_published_at() AS last_published_at,
+        (SELECT count(*)::int FROM @extschema@._outbox_worker_slots() w
+            WHERE w.pid IS NOT NULL
+              AND @extschema@._outbox_slot_database(w.slot) OPERATOR(pg_catalog.=) pg_catalog.current_database()::text)
+            AS workers_running,
+        -- What outbox.workers asks for: more than workers_running while max_worker_processes
+        -- leaves no room for some (the others then relay their lanes too).
+        COALESCE(pg_catalog.current_setting('outbox.workers', true)::int, 0) AS workers_wanted;
+
+CREATE OR REPLACE VIEW @extschema@.outbox_metrics AS
+    SELECT pg_catalog.current_database()::text AS database,
+           s.pending,
+           COALESCE(EXTRACT(epoch FROM s.oldest_pending_age), 0)::pg_catalog.float8
+               AS oldest_pending_seconds,
+           s.dead,
+           c.published AS published_total,
+           c.failed AS failed_total,
+           c.dead_lettered AS dead_lettered_total,
+           EXTRACT(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) s.last_published_at)::pg_catalog.float8
+               AS last_published_seconds,
+           s.workers_running,
+           s.workers_wanted
+    FROM @extschema@.outbox_status s, @extschema@._outbox_counters() c;

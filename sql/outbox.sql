@@ -348,7 +348,10 @@ CREATE VIEW @extschema@.outbox_status AS
         (SELECT count(*)::int FROM @extschema@._outbox_worker_slots() w
             WHERE w.pid IS NOT NULL
               AND @extschema@._outbox_slot_database(w.slot) OPERATOR(pg_catalog.=) pg_catalog.current_database()::text)
-            AS workers_running;
+            AS workers_running,
+        -- What outbox.workers asks for: more than workers_running while max_worker_processes
+        -- leaves no room for some (the others then relay their lanes too).
+        COALESCE(pg_catalog.current_setting('outbox.workers', true)::int, 0) AS workers_wanted;
 COMMENT ON VIEW @extschema@.outbox_status IS 'Backlog and health of the outbox, in one row.';
 
 CREATE FUNCTION @extschema@._outbox_counters(
@@ -370,7 +373,8 @@ CREATE VIEW @extschema@.outbox_metrics AS
            c.dead_lettered AS dead_lettered_total,
            EXTRACT(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) s.last_published_at)::pg_catalog.float8
                AS last_published_seconds,
-           s.workers_running
+           s.workers_running,
+           s.workers_wanted
     FROM @extschema@.outbox_status s, @extschema@._outbox_counters() c;
 COMMENT ON VIEW @extschema@.outbox_metrics IS
     'Backlog, counters since the server started, and health of the outbox in this database, for a metrics exporter.';

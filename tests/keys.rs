@@ -66,6 +66,63 @@ fn changing_the_number_of_workers_keeps_each_keys_order() {
     });
 }
 
+/// More workers asked for than `max_worker_processes` leaves room for (the launcher and the
+/// logical replication launcher take two of three): the one that cannot start never relays,
+/// so the workers that run cover its lanes, and every key's events go out in order. The
+/// shortage shows in `outbox_status`.
+#[test]
+fn the_workers_that_run_cover_the_lanes_of_those_that_cannot_start() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.workers", "2"),
+            ("max_worker_processes", "3"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut expected: HashMap<String, Vec<i64>> = HashMap::new();
+    for round in 0..3 {
+        for key in 0..8 {
+            let key = format!("account-{key}");
+            let id: i64 = client
+                .query_one(
+                    "SELECT outbox_enqueue('accounts', $1::text::jsonb, $2)",
+                    &[&format!("{{\"round\": {round}}}"), &key],
+                )
+                .unwrap()
+                .get(0);
+            expected.entry(key).or_default().push(id);
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || redis.xlen("accounts") == 24),
+        "{} of 24 events published with one of two workers unable to start",
+        redis.xlen("accounts")
+    );
+    let mut by_key: HashMap<String, Vec<i64>> = HashMap::new();
+    for (_, fields) in redis.entries("accounts") {
+        by_key
+            .entry(fields["key"].clone())
+            .or_default()
+            .push(fields["id"].parse().unwrap());
+    }
+    assert_eq!(by_key, expected, "each key's events, in commit order");
+    let (running, wanted): (i32, i32) = {
+        let row = client
+            .query_one(
+                "SELECT workers_running, workers_wanted FROM outbox_status",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((running, wanted), (1, 2));
+    assert!(pg.log().contains("max_worker_processes is used up"));
+}
+
 /// Runs 8 clients enqueueing for 200 keys (see above) for about 12 s, calling `disturb` twice
 /// along the way, then checks each key's order in the stream.
 fn ordered_run(pg: &mut Pg, redis: &Redis, workers: usize, mut disturb: impl FnMut(&mut Pg)) {

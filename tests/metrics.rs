@@ -186,6 +186,7 @@ fn the_exporter_serves_what_outbox_status_says() {
     assert_eq!(value(&scraped, "outbox_pending"), pending as f64);
     assert_eq!(value(&scraped, "outbox_dead"), dead as f64);
     assert_eq!(value(&scraped, "outbox_workers_running"), running as f64);
+    assert_eq!(value(&scraped, "outbox_workers_wanted"), 1.0);
     // The delayed event is not due: nothing could have been published.
     assert_eq!(value(&scraped, "outbox_oldest_pending_seconds"), 0.0);
     let last = value(&scraped, "outbox_last_published_seconds");

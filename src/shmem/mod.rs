@@ -64,10 +64,16 @@ impl Shared {
         &self.slots
     }
 
-    /// Where slot `index` stands among the slots assigned to `database`: its position, and how
-    /// many there are (at least 1).
+    /// Where slot `index` stands among the slots whose workers relay `database`: its position,
+    /// and how many there are (at least 1). A slot whose worker has not started (or could not:
+    /// `max_worker_processes` used up) or has exited is left out, so that the workers that run
+    /// share all the lanes between them and no key waits for a worker that is not there.
     pub fn ordinal_of(&self, index: usize, database: u32) -> (usize, usize) {
-        ordinal_among(self.slots.iter().map(WorkerSlot::database), index, database)
+        let relaying = self
+            .slots
+            .iter()
+            .map(|slot| if slot.relays(database) { database } else { 0 });
+        ordinal_among(relaying, index, database)
     }
 
     /// The entry of database `oid`, if it has one.

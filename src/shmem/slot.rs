@@ -153,6 +153,13 @@ impl WorkerSlot {
         self.pid.load(Ordering::Acquire)
     }
 
+    /// Whether a worker runs in the slot and relays `database`, to which the slot is assigned.
+    pub fn relays(&self, database: u32) -> bool {
+        self.database() == database
+            && self.pid() != 0
+            && self.working_in.load(Ordering::Acquire) == database
+    }
+
     /// Called on the way out of the worker `pid`, however it exits; a slot another process
     /// holds is left alone.
     pub fn detach(&self, pid: i32) {
