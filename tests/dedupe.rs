@@ -320,6 +320,33 @@ fn a_steady_stream_does_not_flush_the_wal_once_a_pass() {
     );
 }
 
+/// `outbox.batch_size` above half the IDMP window (it allows 10,000): with IDMP, the relay held
+/// every pass for the window even with nothing in doubt, and stopped after its first batch.
+/// Whatever the dedupe in use, both rounds of events go out.
+#[test]
+fn a_batch_size_past_half_the_idmp_window_keeps_relaying() {
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(
+        &redis,
+        &[
+            ("outbox.batch_size", "6000"),
+            ("outbox.poll_interval", "100ms"),
+        ],
+    );
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut ids = enqueue_many(&mut client, "wide", 10);
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen("wide") == 10));
+    ids.extend(enqueue_many(&mut client, "wide", 10));
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("wide") == 20),
+        "{} of 20 events published with batch_size 6000 (IDMP: {})",
+        redis.xlen("wide"),
+        redis.has_idmp()
+    );
+    assert_eq!(redis.ids("wide"), ids);
+}
+
 #[test]
 fn markers_stay_bounded_by_a_few_batches() {
     let redis = Redis::start();

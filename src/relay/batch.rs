@@ -23,6 +23,7 @@ use super::claims::Claims;
 use super::cursor::{self, Reach, Verdict};
 use super::delayed::DelayedMoves;
 use super::extension::Extension;
+use super::flush;
 use super::order::PassOrder;
 use super::pass::{chunk_size, Batch, Pass};
 use super::retry::{self, DueLook, RetrySchedule};
@@ -56,9 +57,14 @@ pub struct PassRun<'a> {
 }
 
 impl PassRun<'_> {
+    /// The most events this pass claims (see [`flush::batch_limit`]).
+    fn batch_size(&self) -> usize {
+        flush::batch_limit(self.settings.batch_size, self.status.may_use_idmp())
+    }
+
     /// One batch inside the caller's transaction; says how to end it.
     pub fn relay_batch(&mut self) -> Batch {
-        let batch_size = self.settings.batch_size;
+        let batch_size = self.batch_size();
         let chunk = chunk_size(batch_size);
         let Some(extension) = self.extension.find(self.index).map(|s| s.extension) else {
             return Batch::nothing(Pass::NoExtension);
@@ -285,7 +291,7 @@ impl PassRun<'_> {
         full_of_bytes: bool,
         scope: &Scope,
     ) -> Claimed {
-        let batch_size = self.settings.batch_size;
+        let batch_size = self.batch_size();
         if got == chunk && claimed < batch_size && !full_of_bytes {
             self.claim(chunk.min(batch_size - claimed), scope)
         } else {

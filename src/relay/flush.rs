@@ -27,6 +27,17 @@ const FLUSH_AT_LEAST_EVERY: Duration = Duration::from_millis(200);
 /// How long a relay held by a full IDMP window waits before it looks again.
 const WINDOW_WAIT: Duration = Duration::from_millis(10);
 
+/// The most events a pass claims for `outbox.batch_size`: with IDMP in use (or not yet known
+/// not to be), half the window, so that one batch in doubt always fits in the half the window
+/// keeps for it, and a relay with nothing in doubt is never held.
+pub fn batch_limit(batch_size: usize, idmp: bool) -> usize {
+    if idmp {
+        batch_size.min((WINDOW_IDS / 2) as usize)
+    } else {
+        batch_size
+    }
+}
+
 /// The relay's commits not yet known on disk, and how far the WAL was last said to be.
 #[derive(Default)]
 pub struct WalFlush {
@@ -98,7 +109,7 @@ impl WalFlush {
 
     /// Whether another batch could take what a crash may send again past half the IDMP window.
     fn window_full(&self, settings: &Settings) -> bool {
-        self.pending.events + settings.batch_size as u64 > WINDOW_IDS / 2
+        self.pending.events + batch_limit(settings.batch_size, true) as u64 > WINDOW_IDS / 2
     }
 
     /// With IDMP (`idmp`), whether the relay must wait before its next pass, because what a
@@ -192,7 +203,15 @@ impl WalFlush {
 
 #[cfg(test)]
 mod tests {
-    use super::Pending;
+    use super::{batch_limit, Pending, WINDOW_IDS};
+
+    #[test]
+    fn with_idmp_a_batch_fits_in_half_the_window() {
+        assert_eq!(batch_limit(10_000, false), 10_000);
+        assert_eq!(batch_limit(10_000, true), (WINDOW_IDS / 2) as usize);
+        assert_eq!(batch_limit(6_000, true), 5_000);
+        assert_eq!(batch_limit(1_000, true), 1_000);
+    }
 
     #[test]
     fn commits_flushed_in_the_background_count_out_oldest_first() {

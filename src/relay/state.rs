@@ -136,6 +136,12 @@ impl Status {
         self.found.dedupe == Some(InUse::Idmp)
     }
 
+    /// Whether the worker's connection deduplicates with IDMP, or may: before its first chunk,
+    /// how it deduplicates is not known yet.
+    pub fn may_use_idmp(&self) -> bool {
+        !matches!(self.found.dedupe, Some(InUse::Markers | InUse::Off))
+    }
+
     /// Takes note of what the Redis thread found of the servers: shows how the worker
     /// deduplicates, and logs what changed.
     pub fn found(&mut self, found: Found, settings: &Settings) {
