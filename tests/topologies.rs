@@ -663,3 +663,80 @@ fn on_a_cluster_a_refused_event_costs_its_neighbours_no_duplicate() {
         .get(0);
     assert_eq!(marked, 0, "a refused event was marked published");
 }
+
+/// On a cluster with IDMP, an `XADD` to a stream deleted meanwhile answers nil (the relay adds
+/// with `NOMKSTREAM`): the event is not in its stream, and must not be marked published. When
+/// another event of the round trip is refused (its stream key holds a string), redis-rs keeps
+/// only the errors of the pipeline; the nil reply must still be told from an added entry. The
+/// event goes out once its stream is back. With markers (older servers) nothing is missing to
+/// begin with, and the same holds.
+#[test]
+fn on_a_cluster_an_event_whose_stream_was_deleted_is_published_once_it_is_back() {
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", urls.as_str()),
+        ("outbox.redis_mode", "cluster"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let first: i64 = client
+        .query_one("SELECT outbox_enqueue('orders', '{}')", &[])
+        .unwrap()
+        .get(0);
+    assert!(wait_until(Duration::from_secs(20), || cluster
+        .xlen("orders")
+        == 1));
+    let mut conn = redis::cluster::ClusterClient::new(vec![format!(
+        "redis://127.0.0.1:{}",
+        cluster.nodes[0].port
+    )])
+    .unwrap()
+    .get_connection()
+    .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("bad")
+        .arg("x")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("DEL").arg("orders").query(&mut conn).unwrap();
+    let second: i64 = {
+        let mut tx = client.transaction().unwrap();
+        tx.batch_execute("SELECT outbox_enqueue('bad', '{}')")
+            .unwrap();
+        let id = tx
+            .query_one("SELECT outbox_enqueue('orders', '{}')", &[])
+            .unwrap()
+            .get(0);
+        tx.commit().unwrap();
+        id
+    };
+    let published_but_missing = |client: &mut Client| -> Vec<i64> {
+        let stream: Vec<i64> = cluster.ids("orders");
+        client
+            .query(
+                "SELECT id FROM outbox WHERE topic = 'orders' AND published_at IS NOT NULL \
+                 ORDER BY id",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<_, i64>(0))
+            .filter(|id| *id != first && !stream.contains(id))
+            .collect()
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            assert_eq!(
+                published_but_missing(&mut client),
+                Vec::<i64>::new(),
+                "marked published, and not in its stream (IDMP: {})",
+                cluster.has_idmp()
+            );
+            cluster.ids("orders") == [second]
+        }),
+        "the event never reached its stream again: {:?}",
+        cluster.ids("orders")
+    );
+}
