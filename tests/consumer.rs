@@ -438,3 +438,62 @@ impl Rng {
         (self.0 % n as u64) as usize
     }
 }
+
+/// Entries trimmed from their stream while pending at a consumer that died: another consumer
+/// takes the rest over, applies them, and drops the trimmed ones from the pending list. Redis
+/// 6.2's `XAUTOCLAIM` answers nil for those (7.0 and later leave them out and list their ids),
+/// and keeps them pending.
+#[test]
+fn entries_trimmed_while_pending_are_dropped_and_the_rest_applied() {
+    let binary = consumer_binary();
+    let redis = Redis::start();
+    let pg = Pg::relaying_to(&redis, &[]);
+    pg.with_extension()
+        .batch_execute("CREATE DATABASE store")
+        .unwrap();
+    pg.wait_for_workers(1);
+    let store = format!("host=127.0.0.1 port={} user=postgres dbname=store", pg.port);
+    let ids = enqueue_many(&mut pg.connect(), "orders", 5);
+    assert!(wait_until(Duration::from_secs(20), || redis.xlen("orders") == 5));
+    for stream in STREAMS {
+        let _: () = redis.query(
+            redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(stream)
+                .arg(GROUP)
+                .arg("0")
+                .arg("MKSTREAM"),
+        );
+    }
+    // A consumer reads all five and dies; the oldest two are trimmed away meanwhile.
+    let _: Value = redis.query(
+        redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg("dead")
+            .arg("STREAMS")
+            .arg("orders")
+            .arg(">"),
+    );
+    let _: i64 = redis.query(redis::cmd("XTRIM").arg("orders").arg("MAXLEN").arg(3));
+    std::thread::sleep(Duration::from_millis(1100));
+
+    let heir = Run::start(
+        &binary,
+        &redis,
+        &store,
+        "heir",
+        &["--count", "2", "--exit-when-idle-ms", "1000"],
+    );
+    let lines = heir.wait_exit(Duration::from_secs(30));
+    assert_eq!(total(&lines, "claimed", "applied"), 3, "{lines:?}");
+    assert_eq!(pending_at(&redis, "*"), 0, "{lines:?}");
+    let applied: Vec<i64> = pg
+        .connect_to("store")
+        .query("SELECT event_id FROM applied_events ORDER BY event_id", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(applied, ids[2..]);
+}

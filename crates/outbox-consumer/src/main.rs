@@ -272,11 +272,22 @@ impl Consumer {
                     return Err("XAUTOCLAIM answered fewer than two parts".into());
                 };
                 let next: String = redis::from_redis_value(next)?;
-                let entries: Vec<Entry> = redis::from_redis_value(entries)?;
-                let deleted: Vec<String> = match parts.next() {
+                // Redis 6.2 answers nil for an entry deleted while it was pending, and keeps
+                // it pending: those are looked up and acknowledged below, as 7.0 drops them.
+                let replies: Vec<Value> = redis::from_redis_value(entries)?;
+                let vanished = replies.iter().any(|reply| matches!(reply, Value::Nil));
+                let entries: Vec<Entry> = replies
+                    .into_iter()
+                    .filter(|reply| !matches!(reply, Value::Nil))
+                    .map(redis::from_redis_value)
+                    .collect::<Result<_, _>>()?;
+                let mut deleted: Vec<String> = match parts.next() {
                     Some(deleted) => redis::from_redis_value(deleted)?,
                     None => Vec::new(),
                 };
+                if vanished {
+                    deleted.extend(self.acknowledge_deleted(&stream)?);
+                }
                 if !deleted.is_empty() {
                     eprintln!(
                         "outbox-consumer: {stream}: entries deleted before they were applied: {}",
@@ -292,6 +303,50 @@ impl Consumer {
             }
         }
         Ok(claimed)
+    }
+
+    /// Acknowledges the entries pending in the group whose entry is gone from `stream` (Redis
+    /// 6.2 keeps them pending, and `XAUTOCLAIM` answers nil for them, without their ids);
+    /// returns their ids. It reads the whole pending list, `--count` at a time, and looks each
+    /// entry up: work done only once such a nil was seen.
+    fn acknowledge_deleted(&mut self, stream: &str) -> Result<Vec<String>, Error> {
+        type Pending = Vec<(String, String, u64, u64)>;
+        let mut gone = Vec::new();
+        let mut start = "-".to_string();
+        loop {
+            let page: Pending = redis::cmd("XPENDING")
+                .arg(stream)
+                .arg(&self.config.group)
+                .arg(&start)
+                .arg("+")
+                .arg(self.config.count)
+                .query(&mut self.redis)?;
+            let Some((last, ..)) = page.last() else {
+                break;
+            };
+            start = format!("({last}");
+            let mut lookups = redis::pipe();
+            for (id, ..) in &page {
+                lookups.cmd("XRANGE").arg(stream).arg(id).arg(id);
+            }
+            let found: Vec<Vec<Entry>> = lookups.query(&mut self.redis)?;
+            for ((id, ..), entries) in page.iter().zip(found) {
+                if entries.is_empty() {
+                    gone.push(id.clone());
+                }
+            }
+            if (page.len() as u64) < self.config.count {
+                break;
+            }
+        }
+        if !gone.is_empty() {
+            redis::cmd("XACK")
+                .arg(stream)
+                .arg(&self.config.group)
+                .arg(&gone)
+                .query::<Value>(&mut self.redis)?;
+        }
+        Ok(gone)
     }
 
     /// Applies a batch of one stream, then acknowledges it. Only after the commit: an entry that
