@@ -2,9 +2,9 @@
 //! a setting is readable by monitoring roles, a file only by the server's OS user. A file that
 //! other users could read is refused, so that a password is never trusted to one.
 
-use std::fs::File;
+use std::fs::OpenOptions;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
 /// Longest password file read; a password is the first line of it.
 const MOST_BYTES: u64 = 64 * 1024;
@@ -15,7 +15,13 @@ pub fn read(setting: &str, path: &str) -> Result<Option<String>, String> {
         return Ok(None);
     }
     let cannot = |e: std::io::Error| format!("cannot read {setting} '{path}': {e}");
-    let file = File::open(path).map_err(cannot)?;
+    // Without waiting: opening a FIFO (or a device) for reading would block until something
+    // writes to it, and the Redis thread with it. What is not a regular file is refused below.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(cannot)?;
     let meta = file.metadata().map_err(cannot)?;
     if !meta.is_file() {
         return Err(format!("{setting} '{path}' is not a regular file"));
@@ -88,6 +94,27 @@ mod tests {
     fn a_file_of_anyone_else_is_refused() {
         let why = access_is_private(0o100600, 1000, 70).unwrap_err();
         assert!(why.contains("owned by"), "{why}");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = std::env::temp_dir().join(format!("outbox-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("password");
+        let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path in a directory of this test's own.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let (done, answer) = std::sync::mpsc::channel();
+        let name = fifo.to_str().unwrap().to_string();
+        std::thread::spawn(move || {
+            let _ = done.send(read("outbox.redis_password_file", &name));
+        });
+        let got = answer.recv_timeout(std::time::Duration::from_secs(5));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let why = got
+            .expect("reading a FIFO blocked waiting for a writer")
+            .unwrap_err();
+        assert!(why.contains("not a regular file"), "{why}");
     }
 
     #[test]
