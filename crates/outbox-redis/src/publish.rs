@@ -11,9 +11,10 @@
 //! moment if none comes. Until then a crash that loses the commit finds them, and they absorb the
 //! batch's republication, as the markers of a rolled-back batch do.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
@@ -162,11 +163,8 @@ struct RedisSide {
     connection: Option<Connection>,
     /// Markers of chunks whose transaction has not ended yet.
     in_flight: Vec<Markers>,
-    /// Markers of committed batches whose commit record may not be on disk yet, with where it
-    /// ends, oldest first.
-    unflushed: Vec<(u64, Vec<Markers>)>,
-    /// How far the WAL is known to be on disk.
-    flushed: u64,
+    /// Markers of committed batches whose commit may not be durable yet.
+    unflushed: Unflushed,
     /// Markers of committed batches, to delete.
     committed: Vec<Markers>,
     /// Whether deleting them alone failed: then they wait for the next chunk's round trip.
@@ -182,8 +180,7 @@ impl RedisSide {
             target,
             connection: None,
             in_flight: Vec::new(),
-            unflushed: Vec::new(),
-            flushed: 0,
+            unflushed: Unflushed::default(),
             committed: Vec::new(),
             cleanup_failed: false,
         }
@@ -205,14 +202,14 @@ impl RedisSide {
                     }
                 }
                 Ok(Command::Committed(lsn)) => {
-                    if !self.in_flight.is_empty() {
-                        let markers = std::mem::take(&mut self.in_flight);
-                        self.unflushed.push((lsn, markers));
-                        self.release_flushed();
-                    }
+                    let markers = std::mem::take(&mut self.in_flight);
+                    let now = Instant::now();
+                    self.unflushed.committed(lsn, now, markers);
+                    self.unflushed.expire(now, self.target.dedupe_ttl);
+                    self.release_flushed();
                 }
                 Ok(Command::Flushed(lsn)) => {
-                    self.flushed = self.flushed.max(lsn);
+                    self.unflushed.flushed(lsn);
                     self.release_flushed();
                 }
                 Ok(Command::RolledBack) => self.in_flight.clear(),
@@ -252,14 +249,7 @@ impl RedisSide {
 
     /// Hands the markers of batches whose commit is on disk over for deletion.
     fn release_flushed(&mut self) {
-        let durable = self
-            .unflushed
-            .iter()
-            .take_while(|(lsn, _)| *lsn <= self.flushed)
-            .count();
-        for (_, mut markers) in self.unflushed.drain(..durable) {
-            self.committed.append(&mut markers);
-        }
+        self.unflushed.take_durable(&mut self.committed);
     }
 
     /// Deletes the committed markers in a round trip of their own.
@@ -274,6 +264,56 @@ impl RedisSide {
             Err(_) => {
                 self.connection = None;
                 self.cleanup_failed = true;
+            }
+        }
+    }
+}
+
+/// The markers of committed batches, until their commit is durable (on disk, and on the
+/// synchronous standbys), oldest first, with where each commit record ends and when it was
+/// noted. While no synchronous standby confirms (one that is down), commits go on and never
+/// become durable: a note whose markers Redis has expired meanwhile (they live
+/// `outbox.dedupe_ttl` from their chunk, which came before the commit) has nothing left to
+/// delete, and is forgotten, so that the notes stay bounded by what one `dedupe_ttl` commits.
+#[derive(Debug, Default)]
+struct Unflushed {
+    batches: VecDeque<(u64, Instant, Vec<Markers>)>,
+    /// How far the WAL is known to be durable.
+    flushed: u64,
+}
+
+impl Unflushed {
+    /// A commit whose record ends at `lsn`, noted at `at`, made `markers` unnecessary once it is
+    /// durable.
+    fn committed(&mut self, lsn: u64, at: Instant, markers: Vec<Markers>) {
+        if !markers.is_empty() {
+            self.batches.push_back((lsn, at, markers));
+        }
+    }
+
+    /// The WAL is durable up to `lsn`.
+    fn flushed(&mut self, lsn: u64) {
+        self.flushed = self.flushed.max(lsn);
+    }
+
+    /// Forgets the notes older than `ttl` at `now`.
+    fn expire(&mut self, now: Instant, ttl: Duration) {
+        while let Some((_, at, _)) = self.batches.front() {
+            if now.saturating_duration_since(*at) < ttl {
+                break;
+            }
+            self.batches.pop_front();
+        }
+    }
+
+    /// Moves the markers of the batches whose commit is durable into `to`.
+    fn take_durable(&mut self, to: &mut Vec<Markers>) {
+        while let Some((lsn, _, _)) = self.batches.front() {
+            if *lsn > self.flushed {
+                break;
+            }
+            if let Some((_, _, mut markers)) = self.batches.pop_front() {
+                to.append(&mut markers);
             }
         }
     }
@@ -299,5 +339,55 @@ fn restore_signals(previous: &libc::sigset_t) {
     // SAFETY: installs a mask this thread had before.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, previous, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn markers(n: usize) -> Vec<Markers> {
+        (0..n)
+            .map(|i| Markers {
+                hash: format!("h{i}"),
+                field: "f".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn durable_commits_hand_their_markers_over_oldest_first() {
+        let mut notes = Unflushed::default();
+        let start = Instant::now();
+        notes.committed(100, start, markers(2));
+        notes.committed(200, start, markers(1));
+        notes.committed(300, start, Vec::new());
+        let mut deleted = Vec::new();
+        notes.flushed(150);
+        notes.take_durable(&mut deleted);
+        assert_eq!(deleted.len(), 2);
+        notes.flushed(120);
+        notes.flushed(250);
+        notes.take_durable(&mut deleted);
+        assert_eq!(deleted.len(), 3);
+        assert!(notes.batches.is_empty());
+    }
+
+    #[test]
+    fn notes_never_durable_are_forgotten_once_their_markers_expired() {
+        let ttl = Duration::from_secs(60);
+        let mut notes = Unflushed::default();
+        let start = Instant::now();
+        // A synchronous standby is down: commits go on, none becomes durable.
+        for n in 0..1_000u64 {
+            let at = start + Duration::from_millis(n * 100);
+            notes.committed(n, at, markers(1));
+            notes.expire(at, ttl);
+        }
+        // 100 s of commits, 10 a second: those of the last 60 s are kept.
+        assert_eq!(notes.batches.len(), 600);
+        let mut deleted = Vec::new();
+        notes.take_durable(&mut deleted);
+        assert!(deleted.is_empty());
     }
 }
