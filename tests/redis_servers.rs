@@ -191,3 +191,71 @@ fn the_readme_redis_user_for_idmp_publishes_with_idmp() {
     let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("*"));
     assert_eq!(keys, ["app:orders"]);
 }
+
+/// Redis upgraded in place to a server with IDMP while a chunk is in doubt: the relay sent it
+/// with markers, Redis ran it (and kept it, `appendfsync always`), and the reply never came back
+/// (the proxy swallowed it) before the old server was killed. On the new server `auto` would
+/// choose IDMP, which does not see the markers: the chunk goes again with markers, and the
+/// switch to IDMP waits for the commit after it. Every event is in its stream once. Needs a
+/// server with IDMP as `OUTBOX_TEST_REDIS_SERVER` (the upgrade's target) and Debian's Redis
+/// 7.0 as `redis-server` (its source); the other runs of the matrix say so and pass.
+#[test]
+fn an_upgrade_to_idmp_with_a_chunk_in_doubt_publishes_it_once() {
+    let target = common::redis_server();
+    let (target_has_idmp, source_lacks_idmp) = {
+        let probe = Redis::start();
+        let old = Redis::start_program("redis-server", &[]);
+        (probe.has_idmp(), !old.has_idmp())
+    };
+    if !target_has_idmp || !source_lacks_idmp {
+        eprintln!(
+            "not run: needs redis-server without IDMP and OUTBOX_TEST_REDIS_SERVER with it \
+             ({target} has IDMP: {target_has_idmp})"
+        );
+        return;
+    }
+    let mut redis = Redis::start_program(
+        "redis-server",
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
+    let proxy = common::proxy::Proxy::start(redis.port);
+    let url = proxy.url();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_timeout", "2s"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut ids = enqueue_many(&mut client, "upgraded", 1);
+    assert!(wait_until(Duration::from_secs(10), || redis
+        .xlen("upgraded")
+        == 1));
+    assert_eq!(dedupe_shown(&pg).as_deref(), Some("markers"));
+
+    proxy.swallow_replies(true);
+    ids.extend(enqueue_many(&mut client, "upgraded", 40));
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("upgraded") == 41),
+        "the chunk did not reach Redis"
+    );
+    redis.upgrade_to(&target);
+    proxy.swallow_replies(false);
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "the chunk was not published again after the upgrade"
+    );
+    ids.extend(enqueue_many(&mut client, "upgraded", 5));
+    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
+    assert_eq!(
+        redis.ids("upgraded"),
+        ids,
+        "the chunk in doubt went out twice"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || dedupe_shown(&pg).as_deref()
+            == Some("idmp")),
+        "the relay did not switch to IDMP after the commit: {:?}",
+        dedupe_shown(&pg)
+    );
+}

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 pub use postgres::Client;
 
+pub mod proxy;
 pub mod redis_keys;
 pub mod sql;
 pub mod topology;
@@ -178,6 +179,8 @@ fn scratch_dir(kind: &str) -> PathBuf {
 pub struct Redis {
     pub port: u16,
     dir: PathBuf,
+    /// The server program: [`redis_server`] unless the test names another.
+    program: String,
     child: Option<Child>,
     password: Option<String>,
     /// Extra `redis-server` options, kept for `start_again`.
@@ -199,10 +202,20 @@ impl Redis {
         Redis::launch(None, args)
     }
 
+    /// A server of `program` (another version than the tests' own), with extra options.
+    pub fn start_program(program: &str, args: &[&str]) -> Redis {
+        Redis::launch_program(program.to_string(), None, args)
+    }
+
     fn launch(password: Option<&str>, args: &[&str]) -> Redis {
+        Redis::launch_program(redis_server(), password, args)
+    }
+
+    fn launch_program(program: String, password: Option<&str>, args: &[&str]) -> Redis {
         let mut redis = Redis {
             port: free_port(),
             dir: scratch_dir("redis"),
+            program,
             child: None,
             password: password.map(str::to_string),
             args: args.iter().map(|a| a.to_string()).collect(),
@@ -212,7 +225,7 @@ impl Redis {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new(redis_server())
+        let child = Command::new(&self.program)
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -278,6 +291,14 @@ impl Redis {
 
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "redis is still running");
+        self.spawn();
+    }
+
+    /// Kills the server and starts `program` in its place: the same port, options and data
+    /// directory (what it kept on disk, with `--appendonly yes`), as an upgrade in place does.
+    pub fn upgrade_to(&mut self, program: &str) {
+        self.stop();
+        self.program = program.to_string();
         self.spawn();
     }
 

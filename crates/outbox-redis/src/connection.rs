@@ -2,13 +2,14 @@
 //! can do), loading the dedupe script, and sending a chunk, with the isolation of an event that
 //! breaks the connection while Redis itself stays reachable.
 
+use std::cell::Cell;
 use std::collections::HashSet;
 
 use crate::encode::{group_by_stream, stream_key, Event};
 use crate::idmp;
 use crate::link::{self, describe, Link};
 use crate::one_by_one::OneByOne;
-use crate::outcome::{Answer, Failed, Outcome};
+use crate::outcome::{Answer, Failed, Markers, Outcome};
 use crate::pipeline::{self, Chunk, Shape};
 use crate::resp::Packed;
 use crate::scripts::{ScriptCall, DEDUPE};
@@ -113,6 +114,18 @@ fn size_windows(connection: &mut Connection, chunk: &Chunk) -> Result<(), Failed
     Ok(())
 }
 
+/// Some of `chunk`'s events, sent on their own: the way the chunk went (if it went) is in doubt
+/// for them too.
+fn part_of<'a>(chunk: &Chunk<'a>, events: &'a [Event], cleanup: &'a [Markers]) -> Chunk<'a> {
+    Chunk {
+        target: chunk.target,
+        events,
+        cleanup,
+        in_doubt: chunk.sent_as.get().or(chunk.in_doubt),
+        sent_as: Cell::new(None),
+    }
+}
+
 /// Publishes a chunk; `Err` says why Redis could not be used at all (nothing may be marked).
 pub fn publish(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, String> {
     match send(slot, chunk) {
@@ -149,12 +162,16 @@ fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Strin
             results.push(Outcome::HeldBack);
             continue;
         }
-        let single = Chunk {
-            target: chunk.target,
-            events: std::slice::from_ref(event),
-            cleanup: std::mem::take(&mut cleanup),
-        };
-        let mut answer = send_alone(slot, &single)?;
+        let single = part_of(
+            chunk,
+            std::slice::from_ref(event),
+            std::mem::take(&mut cleanup),
+        );
+        let sent = send_alone(slot, &single);
+        chunk
+            .sent_as
+            .set(chunk.sent_as.get().or(single.sent_as.get()));
+        let mut answer = sent?;
         stops.sent(event, &answer.results);
         results.append(&mut answer.results);
         markers.append(&mut answer.markers);
@@ -211,11 +228,7 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
             connection.configured.remove(&stream);
         }
     }
-    let retry = Chunk {
-        target: chunk.target,
-        events: &again,
-        cleanup: &[],
-    };
+    let retry = part_of(chunk, &again, &[]);
     let second = send_once(slot, &retry)?;
     if !second.missing.is_empty() {
         return Err(Failed::Refused(
@@ -248,7 +261,8 @@ fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fai
     let Some(connection) = slot.as_mut() else {
         return Err(Failed::Refused("no Redis connection".into()));
     };
-    let in_use = server::choose(target.dedupe, &connection.features).map_err(Failed::Refused)?;
+    let in_use = server::choose_with_doubt(target.dedupe, &connection.features, chunk.in_doubt)
+        .map_err(Failed::Refused)?;
     connection.in_use = Some(in_use);
     if in_use == InUse::Markers {
         if let Err(e) = load_script(connection) {
@@ -273,6 +287,8 @@ fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fai
     };
     let built = pipeline::build(chunk, script, &shape, std::mem::take(&mut connection.spare));
     let layout = built.layout;
+    // From here on Redis may have the events, deduplicated this way.
+    chunk.sent_as.set(Some(in_use));
     let sent = connection.link.pipeline(&built.commands, built.ignored);
     connection.spare = built.commands.emptied();
     let (values, resent) = match sent {

@@ -2,6 +2,7 @@
 //! dedupe script per stream, or plain XADDs, with IDMP or without), the deletion of markers
 //! whose batch committed, trimming by age, and how the replies map back to events. No I/O here.
 
+use std::cell::Cell;
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -43,6 +44,11 @@ pub struct Chunk<'a> {
     pub events: &'a [Event],
     /// Markers of batches whose transaction has committed, deleted on the way.
     pub cleanup: &'a [Markers],
+    /// How the chunks sent since the last commit were deduplicated (see
+    /// [`crate::server::choose_with_doubt`]).
+    pub in_doubt: Option<InUse>,
+    /// How this chunk was deduplicated, once it was sent (or may have been).
+    pub sent_as: Cell<Option<InUse>>,
 }
 
 /// An error reply as Redis words it: `WRONGTYPE Operation against a key ...`.
@@ -417,6 +423,8 @@ pub(crate) mod tests {
             target,
             events,
             cleanup: &[],
+            in_doubt: None,
+            sent_as: Cell::new(None),
         }
     }
 

@@ -11,6 +11,7 @@
 //! moment if none comes. Until then a crash that loses the commit finds them, and they absorb the
 //! batch's republication, as the markers of a rolled-back batch do.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -163,6 +164,12 @@ struct RedisSide {
     connection: Option<Connection>,
     /// Markers of chunks whose transaction has not ended yet.
     in_flight: Vec<Markers>,
+    /// How the chunks sent since the last commit were deduplicated: a rolled-back transaction's
+    /// events go again, the same way (see `server::choose_with_doubt`).
+    in_doubt: Option<InUse>,
+    /// Whether a chunk was sent since the transaction's start: only the commit of one that
+    /// sent some settles what is in doubt.
+    sent_since_end: bool,
     /// Markers of committed batches whose commit may not be durable yet.
     unflushed: Unflushed,
     /// Markers of committed batches, to delete.
@@ -180,6 +187,8 @@ impl RedisSide {
             target,
             connection: None,
             in_flight: Vec::new(),
+            in_doubt: None,
+            sent_since_end: false,
             unflushed: Unflushed::default(),
             committed: Vec::new(),
             cleanup_failed: false,
@@ -202,6 +211,9 @@ impl RedisSide {
                     }
                 }
                 Ok(Command::Committed(lsn)) => {
+                    if std::mem::take(&mut self.sent_since_end) {
+                        self.in_doubt = None;
+                    }
                     let markers = std::mem::take(&mut self.in_flight);
                     let now = Instant::now();
                     self.unflushed.committed(lsn, now, markers);
@@ -212,7 +224,10 @@ impl RedisSide {
                     self.unflushed.flushed(lsn);
                     self.release_flushed();
                 }
-                Ok(Command::RolledBack) => self.in_flight.clear(),
+                Ok(Command::RolledBack) => {
+                    self.in_flight.clear();
+                    self.sent_since_end = false;
+                }
                 Err(RecvTimeoutError::Timeout) => self.clean_up(),
                 Err(RecvTimeoutError::Disconnected) => return,
             }
@@ -224,8 +239,14 @@ impl RedisSide {
             target: &self.target,
             events: &events,
             cleanup: &self.committed,
+            in_doubt: self.in_doubt,
+            sent_as: Cell::new(None),
         };
         let result = connection::publish(&mut self.connection, &chunk);
+        if let Some(way) = chunk.sent_as.get() {
+            self.in_doubt = Some(way);
+            self.sent_since_end = true;
+        }
         if let Some(connection) = &self.connection {
             if let Ok(mut found) = self.found.lock() {
                 *found = Found {
@@ -258,6 +279,8 @@ impl RedisSide {
             target: &self.target,
             events: &[],
             cleanup: &self.committed,
+            in_doubt: self.in_doubt,
+            sent_as: Cell::new(None),
         };
         match connection::send(&mut self.connection, &chunk) {
             Ok(_) => self.committed.clear(),

@@ -50,6 +50,8 @@ pub fn parse_info(text: &str) -> Option<Server> {
 /// `INFO`) can do nothing new.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Features {
+    /// Whether every node's version is known: else the others are false for want of knowing.
+    pub known: bool,
     pub idmp: bool,
     pub acked: bool,
     /// The servers, for the log: "Redis 8.6.3", or "Redis 8.6.3, Redis 7.0.15" in a cluster
@@ -71,6 +73,7 @@ pub fn features(nodes: &[Option<Server>]) -> Features {
     names.sort();
     names.dedup();
     Features {
+        known: true,
         idmp: all(IDMP_SINCE),
         acked: all(ACKED_SINCE),
         servers: names.join(", "),
@@ -113,9 +116,73 @@ pub fn choose(setting: Dedupe, features: &Features) -> Result<InUse, String> {
     }
 }
 
+/// How to deduplicate the next chunk: as [`choose`] says, unless events sent another way since
+/// the last commit are in doubt (a chunk whose transaction rolled back, after a broken link,
+/// goes again): markers and IDMP do not see each other's record, so those go the way they went,
+/// and the switch waits for the commit after them. Markers always can; IDMP can unless the
+/// servers are known to lack it (a reconnect whose `INFO` failed does not know).
+pub fn choose_with_doubt(
+    setting: Dedupe,
+    features: &Features,
+    in_doubt: Option<InUse>,
+) -> Result<InUse, String> {
+    let chosen = choose(setting, features);
+    if setting == Dedupe::Off {
+        return chosen;
+    }
+    match (in_doubt, &chosen) {
+        (Some(InUse::Markers), Ok(InUse::Idmp)) => Ok(InUse::Markers),
+        (Some(InUse::Idmp), Ok(InUse::Markers) | Err(_)) if !features.known => Ok(InUse::Idmp),
+        _ => chosen,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_in_doubt_go_again_the_way_they_went() {
+        let upgraded = features(&[redis((8, 6, 3))]);
+        let old = features(&[redis((7, 0, 15))]);
+        let unknown = features(&[None]);
+        let markers = Some(InUse::Markers);
+        let idmp = Some(InUse::Idmp);
+        // Nothing in doubt: as the setting and the servers say.
+        assert_eq!(
+            choose_with_doubt(Dedupe::Auto, &upgraded, None),
+            Ok(InUse::Idmp)
+        );
+        // Upgraded under a chunk sent with markers: markers until the commit.
+        assert_eq!(
+            choose_with_doubt(Dedupe::Auto, &upgraded, markers),
+            Ok(InUse::Markers)
+        );
+        assert_eq!(
+            choose_with_doubt(Dedupe::Idmp, &upgraded, markers),
+            Ok(InUse::Markers)
+        );
+        // A reconnect that could not read INFO keeps IDMP for what it sent.
+        assert_eq!(
+            choose_with_doubt(Dedupe::Auto, &unknown, idmp),
+            Ok(InUse::Idmp)
+        );
+        assert_eq!(
+            choose_with_doubt(Dedupe::Idmp, &unknown, idmp),
+            Ok(InUse::Idmp)
+        );
+        // Servers known to lack IDMP cannot take it, whatever is in doubt.
+        assert_eq!(
+            choose_with_doubt(Dedupe::Auto, &old, idmp),
+            Ok(InUse::Markers)
+        );
+        assert!(choose_with_doubt(Dedupe::Idmp, &old, idmp).is_err());
+        // Dedupe turned off turns it off.
+        assert_eq!(
+            choose_with_doubt(Dedupe::Off, &upgraded, markers),
+            Ok(InUse::Off)
+        );
+    }
 
     fn redis(version: (u32, u32, u32)) -> Option<Server> {
         Some(Server {

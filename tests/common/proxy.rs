@@ -1,0 +1,64 @@
+//! A TCP proxy between the relay and Redis that can swallow Redis's replies: the commands go
+//! through and Redis runs them, the relay hears nothing back, as when a link breaks after a
+//! round trip was sent. When either side closes, the proxy closes the other.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+pub struct Proxy {
+    pub port: u16,
+    swallow: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    /// Listens on a free port and forwards each connection to `upstream` on 127.0.0.1.
+    pub fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind the proxy");
+        let port = listener.local_addr().unwrap().port();
+        super::claim_port(port);
+        let swallow = Arc::new(AtomicBool::new(false));
+        let swallowing = swallow.clone();
+        thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let pipe = |from: &TcpStream, to: &TcpStream, swallow: Option<Arc<AtomicBool>>| {
+                    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                    thread::spawn(move || {
+                        let mut buffer = [0u8; 16 * 1024];
+                        loop {
+                            let n = match from.read(&mut buffer) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            let dropped =
+                                swallow.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
+                            if !dropped && to.write_all(&buffer[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = from.shutdown(Shutdown::Both);
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                };
+                pipe(&client, &server, None);
+                pipe(&server, &client, Some(swallowing.clone()));
+            }
+        });
+        Proxy { port, swallow }
+    }
+
+    /// Whether Redis's replies are dropped from now on.
+    pub fn swallow_replies(&self, swallow: bool) {
+        self.swallow.store(swallow, Ordering::SeqCst);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
