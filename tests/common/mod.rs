@@ -487,8 +487,9 @@ impl Pg {
     }
 
     fn write_conf(&self) {
-        // `jit = off`: PostgreSQL 17 unpacked by pg-next has its JIT provider without the LLVM
-        // library it loads, and a query planned as costly (scans turned off) would fail there.
+        // `jit = off`: PostgreSQL 17 unpacked by scripts/fetch-postgresql.sh has its JIT provider
+        // without the LLVM library it loads, and a query planned as costly (scans turned off)
+        // would fail there.
         let mut conf = format!(
             "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              shared_preload_libraries = 'outbox'\nfsync = off\nmax_connections = 50\njit = off\n",

@@ -665,7 +665,7 @@ pub fn tls_server(certificates: &Certificates) -> Node {
 }
 
 /// Whether the server program the tests run was built with TLS: one built without it (the
-/// Redis 6.2 that redis-next takes from a PyPI package) refuses `tls-port` as an unknown
+/// Redis 6.2 that scripts/fetch-redis.sh takes from a PyPI package) refuses `tls-port` as an unknown
 /// directive.
 pub fn server_has_tls() -> bool {
     let output = Command::new(super::redis_server())
