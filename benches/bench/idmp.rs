@@ -1,10 +1,11 @@
 //! `BENCH_ONLY=idmp`: deduplication by Redis's IDMP against markers, on Redis 8.6 (the program
 //! `OUTBOX_BENCH_REDIS8` names; scripts/bench.sh points it at the one scripts/fetch-redis.sh
-//! fetches). The same backlog of one topic is drained at batch 1000 with `outbox.dedupe = idmp`
-//! and `= markers`, taking turns, five pairs; the drain rate's ratio is the median of the pairs'. Redis's memory per
-//! published event is `used_memory` after the drain (once the relay has deleted what it
-//! deletes: the markers of durable batches) less before it, over the events, beside the same
-//! for markers. Redis's CPU time per event over the drain (`INFO cpu`) shows where the time goes.
+//! fetches). The same backlog of one topic is drained at batch 1000 with `outbox.dedupe = idmp` and
+//! `= markers`, taking turns, five pairs; the drain rate's ratio is the median of the pairs'.
+//! Redis's memory per published event is `used_memory` after the drain (once the relay has deleted
+//! what it deletes: the markers of durable batches) less before it, over the events, beside the
+//! same for markers. Redis's CPU time per event over the drain (`INFO cpu`) shows where the time
+//! goes.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
