@@ -1,5 +1,5 @@
 -- outbox 0.8.0 -> 0.9.0: outbox_enqueue runs as its caller; outbox_status shows a shortage of
--- workers.
+-- workers and who listens for the notifications, which are sent only when someone does.
 --
 -- As SECURITY DEFINER, the triggers, CHECK constraints and defaults that its insert fired ran
 -- as the extension's owner with the caller's search_path, where the caller's temporary tables
@@ -140,8 +140,15 @@ BEGIN
 END
 $$;
 
--- outbox_status and outbox_metrics gain workers_wanted (outbox.workers): a database short of
--- workers shows workers_running below it.
+-- outbox_status gains workers_wanted (outbox.workers: a database short of workers shows
+-- workers_running below it) and notify_listeners (the sessions listening on
+-- outbox.notify_channel: while none does, enqueueing commits send no notification);
+-- outbox_metrics gains workers_wanted.
+-- Sessions of this database listening on a channel, as outbox_enqueue counts them.
+CREATE FUNCTION @extschema@._outbox_notify_listeners(channel text) RETURNS bigint
+    LANGUAGE c VOLATILE STRICT
+    AS 'MODULE_PATHNAME', '_outbox_notify_listeners_wrapper';
+
 CREATE OR REPLACE VIEW @extschema@.outbox_status AS
     SELECT
         (SELECT count(*) FROM @extschema@.outbox
@@ -169,7 +176,11 @@ CREATE OR REPLACE VIEW @extschema@.outbox_status AS
             AS workers_running,
         -- What outbox.workers asks for: more than workers_running while max_worker_processes
         -- leaves no room for some (the others then relay their lanes too).
-        COALESCE(pg_catalog.current_setting('outbox.workers', true)::int, 0) AS workers_wanted;
+        COALESCE(pg_catalog.current_setting('outbox.workers', true)::int, 0) AS workers_wanted,
+        -- Sessions of this database listening on outbox.notify_channel: while none does, the
+        -- commits that enqueue send no notification (NULL without the preload: they always do).
+        @extschema@._outbox_notify_listeners(pg_catalog.current_setting('outbox.notify_channel', true))
+            AS notify_listeners;
 
 CREATE OR REPLACE VIEW @extschema@.outbox_metrics AS
     SELECT pg_catalog.current_database()::text AS database,

@@ -324,6 +324,11 @@ CREATE VIEW @extschema@.outbox_workers AS
 COMMENT ON VIEW @extschema@.outbox_workers IS
     'One row per relay worker slot, from shared memory: the workers of every database relayed.';
 
+-- Sessions of this database listening on a channel, as outbox_enqueue counts them.
+CREATE FUNCTION @extschema@._outbox_notify_listeners(channel text) RETURNS bigint
+    LANGUAGE c VOLATILE STRICT
+    AS 'MODULE_PATHNAME', '_outbox_notify_listeners_wrapper';
+
 CREATE VIEW @extschema@.outbox_status AS
     SELECT
         (SELECT count(*) FROM @extschema@.outbox
@@ -351,7 +356,11 @@ CREATE VIEW @extschema@.outbox_status AS
             AS workers_running,
         -- What outbox.workers asks for: more than workers_running while max_worker_processes
         -- leaves no room for some (the others then relay their lanes too).
-        COALESCE(pg_catalog.current_setting('outbox.workers', true)::int, 0) AS workers_wanted;
+        COALESCE(pg_catalog.current_setting('outbox.workers', true)::int, 0) AS workers_wanted,
+        -- Sessions of this database listening on outbox.notify_channel: while none does, the
+        -- commits that enqueue send no notification (NULL without the preload: they always do).
+        @extschema@._outbox_notify_listeners(pg_catalog.current_setting('outbox.notify_channel', true))
+            AS notify_listeners;
 COMMENT ON VIEW @extschema@.outbox_status IS 'Backlog and health of the outbox, in one row.';
 
 CREATE FUNCTION @extschema@._outbox_counters(

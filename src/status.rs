@@ -123,3 +123,15 @@ fn _outbox_slot_database(slot: i32) -> Option<Vec<u8>> {
         (!raw.is_null()).then(|| std::ffi::CStr::from_ptr(raw).to_bytes().to_vec())
     }
 }
+
+/// How many sessions of this database listen on `channel` (a `text` read as its bytes, as
+/// `_outbox_slot_database` returns one), as `outbox_enqueue` counts them before it notifies:
+/// 0 means its commits send no notification there. NULL without the preload, where it always
+/// notifies.
+#[pg_extern(sql = false)]
+fn _outbox_notify_listeners(channel: &[u8]) -> Option<i64> {
+    let shared = shmem::shared()?;
+    // SAFETY: reads this backend's database.
+    let database = unsafe { pg_sys::MyDatabaseId.to_u32() };
+    Some(i64::from(shared.listeners.count(database, channel)))
+}

@@ -195,6 +195,91 @@ fn notify_arrives_only_after_commit() {
     );
 }
 
+/// A session that starts listening while a writer's transaction is open still gets its
+/// notification: the writer decides at its commit whether anyone listens.
+#[test]
+fn a_listener_that_starts_during_the_writers_transaction_is_notified() {
+    let pg = server();
+    let mut writer = pg.with_extension();
+    let mut listener = pg.connect();
+    writer
+        .batch_execute("BEGIN; SELECT outbox_enqueue('late.listener', '{}')")
+        .unwrap();
+    listener.batch_execute("LISTEN outbox").unwrap();
+    writer.batch_execute("COMMIT").unwrap();
+    let got = notifications(&mut listener, Duration::from_secs(5), 1);
+    assert_eq!(got, [("outbox".to_string(), "late.listener".to_string())]);
+}
+
+/// What `outbox_status.notify_listeners` says: the sessions of this database listening on
+/// `outbox.notify_channel`, which decide whether an enqueueing commit notifies. Each way of
+/// listening and of stopping counts, in this database only.
+#[test]
+fn the_listeners_are_counted_as_sessions_listen_and_stop() {
+    let pg = server();
+    let mut admin = pg.with_extension();
+    admin.batch_execute("CREATE DATABASE elsewhere").unwrap();
+    let listeners = |client: &mut common::Client| -> i64 {
+        count(client, "SELECT notify_listeners FROM outbox_status")
+    };
+    let session = || pg.connect();
+    assert_eq!(listeners(&mut admin), 0);
+
+    // A LISTEN counts from its commit; rolled back, it does not.
+    let mut a = session();
+    a.batch_execute("BEGIN; LISTEN outbox; ROLLBACK").unwrap();
+    assert_eq!(listeners(&mut admin), 0, "a rolled-back LISTEN counted");
+    a.batch_execute("LISTEN outbox; LISTEN outbox").unwrap();
+    assert_eq!(listeners(&mut admin), 1);
+    // In PL/pgSQL's EXECUTE too; another channel is another count.
+    let mut b = session();
+    b.batch_execute("DO $$BEGIN EXECUTE 'LISTEN outbox'; EXECUTE 'LISTEN other'; END$$")
+        .unwrap();
+    assert_eq!(listeners(&mut admin), 2);
+    // Another database's sessions are not counted here.
+    let mut far = pg.connect_to("elsewhere");
+    far.batch_execute("LISTEN outbox").unwrap();
+    assert_eq!(listeners(&mut admin), 2);
+
+    // A subtransaction's UNLISTEN that rolls back leaves the session listening.
+    a.batch_execute("BEGIN; SAVEPOINT s; UNLISTEN outbox; ROLLBACK TO s; COMMIT")
+        .unwrap();
+    assert_eq!(listeners(&mut admin), 2);
+    a.batch_execute("UNLISTEN outbox").unwrap();
+    assert_eq!(listeners(&mut admin), 1);
+    b.batch_execute("UNLISTEN *").unwrap();
+    assert_eq!(listeners(&mut admin), 0);
+    b.batch_execute("LISTEN outbox").unwrap();
+    a.batch_execute("LISTEN outbox").unwrap();
+    assert_eq!(listeners(&mut admin), 2);
+    b.batch_execute("DISCARD ALL").unwrap();
+    assert_eq!(listeners(&mut admin), 1);
+    // A session that ends, or whose backend is terminated, stops counting.
+    let pid: i32 = count(&mut a, "SELECT pg_backend_pid()::bigint") as i32;
+    admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap();
+    assert!(
+        common::wait_until(Duration::from_secs(5), || listeners(&mut admin) == 0),
+        "a terminated listener is still counted"
+    );
+    drop(far);
+
+    // The channel a session sets is the one counted and notified.
+    admin
+        .batch_execute("SET outbox.notify_channel = 'other'")
+        .unwrap();
+    assert_eq!(listeners(&mut admin), 0);
+    let mut c = session();
+    c.batch_execute("LISTEN other").unwrap();
+    assert_eq!(listeners(&mut admin), 1);
+    admin
+        .batch_execute("SELECT outbox_enqueue('heard', '{}')")
+        .unwrap();
+    let got = notifications(&mut c, Duration::from_secs(5), 1);
+    assert_eq!(got, [("other".to_string(), "heard".to_string())]);
+}
+
 #[test]
 fn a_rolled_back_enqueue_notifies_nobody() {
     let pg = server();

@@ -25,8 +25,7 @@ pub(crate) fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn 
     println!("9. keys, headers and delayed delivery");
     pg.connect()
         .batch_execute(
-            "CREATE TABLE IF NOT EXISTS accounts (id bigserial PRIMARY KEY, email text NOT NULL); \
-             ALTER DATABASE postgres SET outbox.notify_channel = ''",
+            "CREATE TABLE IF NOT EXISTS accounts (id bigserial PRIMARY KEY, email text NOT NULL)",
         )
         .unwrap();
     if parts("keys-write") {
@@ -47,7 +46,4 @@ pub(crate) fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn 
     if parts("keys-spill") {
         beside_held_backlog(pg, redis, report);
     }
-    pg.connect()
-        .batch_execute("ALTER DATABASE postgres RESET outbox.notify_channel")
-        .unwrap();
 }

@@ -1,13 +1,14 @@
 //! `BENCH_ONLY=write`: what the outbox adds to a writing transaction. pgbench runs a business
 //! transaction (one row into `accounts`) at 1 and 8 clients, alone, with a hand-written
-//! `INSERT INTO outbox`, and with `outbox_enqueue` (the wake-up's NOTIFY channel empty and set),
-//! while the relay runs. The baseline is the hand-written insert: the same event row written by
+//! `INSERT INTO outbox`, and with `outbox_enqueue`: with the defaults and nobody listening on
+//! `outbox.notify_channel` (no notification is sent), with one session listening (each commit
+//! notifies), and with the channel empty, while the relay runs. The baseline is the hand-written insert: the same event row written by
 //! plain SQL, the least any outbox costs, so the ratio shows what the function adds. Every case
 //! is a transaction of its own; each run starts on an emptied table right after a checkpoint;
 //! every other repetition runs the cases backwards; and the ratio is the median of the ratios
 //! of runs made next to each other, so that no side meets the machine's drift alone.
 //!
-//! The targeted case (`outbox_enqueue`, 8 clients) runs more pairs, is also counted until the
+//! The targeted case (`outbox_enqueue` with the defaults, 8 clients) runs more pairs, is also counted until the
 //! relay has published every event, so that the relay's work for it is not left out, and is
 //! compared once more with both transactions drawn at random in one run by one client, which
 //! leaves no drift between runs. The keyed write cases reuse this machinery.
@@ -59,14 +60,28 @@ pub(crate) fn write_cost(pg: &Pg, redis: &Redis, report: &mut Report) {
     // Every case is a transaction of its own (BEGIN ... COMMIT), so that the ratios show what
     // the outbox statement adds, not a difference in round trips.
     let alone = format!("BEGIN;\n{business}COMMIT;\n");
-    let cases: [(&str, &str, Option<&str>); 4] = [
-        ("business transaction alone", &alone, None),
-        ("+ hand-written INSERT INTO outbox", &hand, None),
-        ("+ outbox_enqueue, notify_channel empty", &enqueue, Some("")),
+    // Each case: its name, its transaction, `outbox.notify_channel`, and whether a session
+    // listens on the default channel meanwhile.
+    let cases: [(&str, &str, &str, bool); 5] = [
+        ("business transaction alone", &alone, "outbox", false),
+        ("+ hand-written INSERT INTO outbox", &hand, "outbox", false),
         (
-            "+ outbox_enqueue, default channel",
+            "+ outbox_enqueue, defaults (nobody listening)",
             &enqueue,
-            Some("outbox"),
+            "outbox",
+            false,
+        ),
+        (
+            "+ outbox_enqueue, one session listening",
+            &enqueue,
+            "outbox",
+            true,
+        ),
+        (
+            "+ outbox_enqueue, notify_channel empty",
+            &enqueue,
+            "",
+            false,
         ),
     ];
     for clients in [1, 8] {
@@ -92,22 +107,29 @@ pub(crate) fn write_cost(pg: &Pg, redis: &Redis, report: &mut Report) {
             } else {
                 running.into_iter().rev().collect()
             };
-            for (name, script, channel) in order {
+            for (name, script, channel, listen) in order {
                 let stream = (*name != cases[0].0).then_some(STREAM);
                 // Each run starts empty and right after a checkpoint, so that no run pays for
                 // a checkpoint the others escape.
                 admin
                     .batch_execute("TRUNCATE accounts, outbox; CHECKPOINT")
                     .unwrap();
-                let channel = channel.unwrap_or("outbox");
                 admin
                     .batch_execute(&format!(
                         "ALTER DATABASE postgres SET outbox.notify_channel = '{channel}'"
                     ))
                     .unwrap();
+                // The listener hears every notification and reads none: PostgreSQL queues them
+                // for it, as for a client that is busy.
+                let listener = listen.then(|| {
+                    let mut listener = pg.connect();
+                    listener.batch_execute("LISTEN outbox").unwrap();
+                    listener
+                });
                 runs.entry(name)
                     .or_default()
                     .push(write_run(pg, redis, &mut admin, script, clients, stream));
+                drop(listener);
             }
         }
         admin
@@ -115,7 +137,7 @@ pub(crate) fn write_cost(pg: &Pg, redis: &Redis, report: &mut Report) {
             .unwrap();
         let tps = tps_of(&runs);
         let hand = &tps[cases[1].0];
-        for (name, _, _) in &cases {
+        for (name, ..) in &cases {
             // The hand-written insert's runs of the same repetitions as this case's.
             let baseline = median(hand[..tps[name].len()].to_vec());
             let runs: Vec<String> = tps[name].iter().map(|t| format!("{t:.0}")).collect();
@@ -142,27 +164,21 @@ pub(crate) fn write_cost(pg: &Pg, redis: &Redis, report: &mut Report) {
         if clients == 8 {
             until_published_row(
                 report,
-                "write, 8 clients: + outbox_enqueue, notify_channel empty",
+                "write, 8 clients: + outbox_enqueue, defaults (nobody listening)",
                 &runs[cases[2].0],
                 &runs[cases[1].0],
                 "hand-written insert",
             );
         }
     }
-    admin
-        .batch_execute("ALTER DATABASE postgres SET outbox.notify_channel = ''")
-        .unwrap();
     mixed_write_row(
         pg,
         &mut admin,
         report,
-        "+ outbox_enqueue, notify_channel empty",
+        "+ outbox_enqueue, defaults (nobody listening)",
         &hand,
         &enqueue,
     );
-    admin
-        .batch_execute("ALTER DATABASE postgres RESET outbox.notify_channel")
-        .unwrap();
 }
 
 /// What one write run measured: pgbench's tps, and the transactions it ran over the time from

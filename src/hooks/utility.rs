@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::step_aside;
+use super::{listen, step_aside};
 use crate::write::wake;
 
 static PREVIOUS: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
@@ -60,12 +60,14 @@ unsafe extern "C-unwind" fn process_utility(
     unsafe {
         let node = (*pstmt).utilityStmt;
         let stepped = step_aside::before(node);
+        let listening = listen::action(node);
         if wake::commits_prepared(node) && wake::database_is_relayed() {
             wake::wake_relay_at_commit_anywhere();
         }
         // The statement runs as C calls it, outside any pgrx guard: an ERROR it raises is
         // PostgreSQL's, and goes to PostgreSQL's handler (a longjmp past this frame) exactly as
-        // it was raised. Nothing alive here has a destructor to skip (`stepped` is `Copy`).
+        // it was raised. Nothing alive here has a destructor to skip (`stepped` and `listening`
+        // are `Copy`).
         let next = PREVIOUS
             .get()
             .copied()
@@ -82,5 +84,6 @@ unsafe extern "C-unwind" fn process_utility(
             qc,
         );
         step_aside::after(stepped);
+        listen::after(listening);
     }
 }

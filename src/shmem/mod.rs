@@ -1,5 +1,6 @@
 //! The shared-memory area: one slot per relay worker (`slot.rs`), an entry per database its
-//! workers share (`database.rs`), and the counts of enqueueing transactions (`activity.rs`).
+//! workers share (`database.rs`), the counts of enqueueing transactions (`activity.rs`), and of
+//! the sessions listening on each channel (`listeners.rs`).
 //! Exists only when the library is preloaded.
 //!
 //! Everything is an atomic so that the commit callback and the status views never wait on a
@@ -7,6 +8,7 @@
 
 mod activity;
 mod database;
+mod listeners;
 mod slot;
 mod time;
 
@@ -17,6 +19,7 @@ use pgrx::pg_sys;
 
 pub use activity::EnqueueActivity;
 pub use database::{Counts, DatabaseShare};
+pub use listeners::Listeners;
 pub use slot::{WorkerSlot, WorkerState};
 
 use crate::gucs::MAX_WORKERS;
@@ -37,6 +40,8 @@ pub struct Shared {
     entries_lock: AtomicU32,
     /// Transactions that enqueued, by database OID (see [`EnqueueActivity`]).
     activity: [EnqueueActivity; ACTIVITY_COUNTERS],
+    /// Sessions listening, by database and channel.
+    pub listeners: Listeners,
 }
 
 impl Shared {
@@ -46,6 +51,7 @@ impl Shared {
             databases: std::array::from_fn(|_| DatabaseShare::new()),
             entries_lock: AtomicU32::new(0),
             activity: std::array::from_fn(|_| EnqueueActivity::new()),
+            listeners: Listeners::new(),
         }
     }
 

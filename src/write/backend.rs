@@ -25,6 +25,8 @@ impl<T> BackendLocal<T> {
 pub static XACT_CALLBACK: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 /// Whether the transaction callback that sends the notifications at commit is registered.
 pub static NOTIFY_CALLBACK: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+/// Whether the callbacks that count the session's listening are registered.
+pub static LISTEN_CALLBACKS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 /// Whether the relcache callback that keeps the insert's set-up fresh is registered.
 pub static RELCACHE_CALLBACK: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 

@@ -8,7 +8,7 @@
 //! backend keeps between calls is wrapped in `backend.rs`. Nothing here
 //! talks to Redis: the relay does, once the transaction has committed.
 
-mod backend;
+pub mod backend;
 mod enqueue;
 pub mod insert;
 pub mod lane;

@@ -2,7 +2,10 @@
 //! topic)`, once per topic and transaction, for sessions that `LISTEN`.
 //!
 //! The topics are noted as events are written and the notifications queued from the pre-commit
-//! callback, the last moment PostgreSQL takes them for this commit; the channel is read then.
+//! callback, the last moment PostgreSQL takes them for this commit; the channel is read then,
+//! and nothing is sent while no session of the database listens on it (`hooks/listen.rs`
+//! counts them): a notifying commit takes a database-wide lock and holds it through its flush,
+//! so that notifying commits share no flush, a cost for nobody when nobody listens.
 //! A transaction that queued a notification cannot be prepared, so a `PREPARE TRANSACTION`
 //! forgets the topics instead: a prepared transaction notifies nobody, and its events reach
 //! the relay at `COMMIT PREPARED` (which wakes it, see `wake.rs`). A topic noted in a
@@ -46,6 +49,22 @@ pub fn note(topic: &[u8]) {
     }
 }
 
+/// Whether a session of this database may listen on `channel`: always without the preload,
+/// where nobody counts them.
+fn heard(channel: *const c_char) -> bool {
+    let Some(shared) = crate::shmem::shared() else {
+        return true;
+    };
+    // SAFETY: `channel` is the NUL-terminated setting's value; reads this backend's database.
+    let (channel, database) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(channel).to_bytes(),
+            pg_sys::MyDatabaseId.to_u32(),
+        )
+    };
+    shared.listeners.count(database, channel) > 0
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
     use pg_sys::XactEvent::*;
@@ -57,6 +76,9 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
             let Some(channel) = gucs::notify_channel_ptr() else {
                 return;
             };
+            if !heard(channel) {
+                return;
+            }
             for topic in topics {
                 // A text value holds no NUL byte.
                 let Ok(payload) = CString::new(topic) else {
