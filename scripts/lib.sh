@@ -19,13 +19,13 @@ PG_NEXT="${OUTBOX_PG_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fetch-p
 # without installing anything system-wide.
 REDIS_NEXT="${OUTBOX_REDIS_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fetch-redis.sh}"
 # The integration tests that scripts/test.sh runs against each of those servers as well: the
-# exactly-once, topology (Cluster, Sentinel, TLS), ACL, outage and consumer tests.
-REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes_and_outages)
+# exactly-once, topology (Cluster, Sentinel, TLS), ACL, outage, consumer and faults tests.
+REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes_and_outages faults)
 # The integration tests whose outcome does not depend on the PostgreSQL major: Redis topologies
 # and servers, dedupe, the consumer, per-key order and rejected events. `make test` runs them on
 # Debian's 15 only; on the other majors of the matrix it runs the rest (the SQL surface, the
 # insert, the worker's life and crashes, the hooks, storage, upgrades, operations).
-ONCE_TESTS=(dedupe redis_servers consumer topologies redis_users keys rejected_events)
+ONCE_TESTS=(dedupe redis_servers consumer topologies redis_users keys rejected_events faults)
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }

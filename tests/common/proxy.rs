@@ -5,12 +5,14 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 pub struct Proxy {
     pub port: u16,
     swallow: Arc<AtomicBool>,
+    /// The connections open now, to cut.
+    open: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Proxy {
@@ -21,12 +23,18 @@ impl Proxy {
         super::claim_port(port);
         let swallow = Arc::new(AtomicBool::new(false));
         let swallowing = swallow.clone();
+        let open = Arc::new(Mutex::new(Vec::new()));
+        let opened = open.clone();
         thread::spawn(move || {
             for client in listener.incoming().map_while(Result::ok) {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
                 };
+                if let (Ok(mut open), Ok(kept)) = (opened.lock(), client.try_clone()) {
+                    open.retain(|s: &TcpStream| s.peer_addr().is_ok());
+                    open.push(kept);
+                }
                 let pipe = |from: &TcpStream, to: &TcpStream, swallow: Option<Arc<AtomicBool>>| {
                     let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
                     thread::spawn(move || {
@@ -50,12 +58,25 @@ impl Proxy {
                 pipe(&server, &client, Some(swallowing.clone()));
             }
         });
-        Proxy { port, swallow }
+        Proxy {
+            port,
+            swallow,
+            open,
+        }
     }
 
     /// Whether Redis's replies are dropped from now on.
     pub fn swallow_replies(&self, swallow: bool) {
         self.swallow.store(swallow, Ordering::SeqCst);
+    }
+
+    /// Cuts every connection open now, in the middle of whatever crosses it.
+    pub fn cut(&self) {
+        if let Ok(mut open) = self.open.lock() {
+            for stream in open.drain(..) {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
     }
 
     pub fn url(&self) -> String {
