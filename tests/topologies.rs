@@ -598,13 +598,7 @@ fn on_a_cluster_a_refused_event_costs_its_neighbours_no_duplicate() {
     ]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
-    let mut set = redis::cluster::ClusterClient::new(vec![format!(
-        "redis://127.0.0.1:{}",
-        cluster.nodes[0].port
-    )])
-    .unwrap()
-    .get_connection()
-    .unwrap();
+    let mut set = cluster.conn();
     let _: () = redis::cmd("SET")
         .arg("poison")
         .arg("x")
@@ -688,13 +682,7 @@ fn on_a_cluster_an_event_whose_stream_was_deleted_is_published_once_it_is_back()
     assert!(wait_until(Duration::from_secs(20), || cluster
         .xlen("orders")
         == 1));
-    let mut conn = redis::cluster::ClusterClient::new(vec![format!(
-        "redis://127.0.0.1:{}",
-        cluster.nodes[0].port
-    )])
-    .unwrap()
-    .get_connection()
-    .unwrap();
+    let mut conn = cluster.conn();
     let _: () = redis::cmd("SET")
         .arg("bad")
         .arg("x")

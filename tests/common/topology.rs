@@ -161,6 +161,16 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster connection of the test's own, through the first node.
+    pub fn conn(&self) -> redis::cluster::ClusterConnection {
+        redis::cluster::ClusterClient::new(vec![format!(
+            "redis://127.0.0.1:{}",
+            self.nodes[0].port
+        )])
+        .and_then(|client| client.get_connection())
+        .expect("cannot connect to the cluster")
+    }
+
     pub fn start(primaries: usize) -> Cluster {
         let mut nodes = Vec::new();
         for _ in 0..primaries * 2 {
