@@ -85,10 +85,13 @@ enum Fault {
     DeleteStream,
     StreamToString,
     Reload,
+    SlowLink,
+    MemoryFull,
+    UpgradeRedis,
 }
 
 /// Each fault with its weight.
-const FAULTS: [(Fault, u64); 11] = [
+const FAULTS: [(Fault, u64); 14] = [
     (Fault::KillWorker, 2),
     (Fault::CrashPostgres, 1),
     (Fault::RestartPostgres, 1),
@@ -100,13 +103,22 @@ const FAULTS: [(Fault, u64); 11] = [
     (Fault::DeleteStream, 1),
     (Fault::StreamToString, 1),
     (Fault::Reload, 3),
+    (Fault::SlowLink, 2),
+    (Fault::MemoryFull, 1),
+    (Fault::UpgradeRedis, 1),
 ];
 
 impl Fault {
-    fn draw(rng: &mut Rng) -> Fault {
-        let total: u64 = FAULTS.iter().map(|(_, weight)| weight).sum();
+    /// A fault drawn by weight, among those that can happen now: an upgrade only while there is
+    /// one to make.
+    fn draw(rng: &mut Rng, upgradable: bool) -> Fault {
+        let possible: Vec<(Fault, u64)> = FAULTS
+            .into_iter()
+            .filter(|(fault, _)| upgradable || *fault != Fault::UpgradeRedis)
+            .collect();
+        let total: u64 = possible.iter().map(|(_, weight)| weight).sum();
         let mut at = rng.below(total);
-        for (fault, weight) in FAULTS {
+        for (fault, weight) in possible {
             if at < weight {
                 return fault;
             }
@@ -292,11 +304,28 @@ struct Servers {
     redis: Redis,
     proxy: Proxy,
     idmp: bool,
+    /// Where the server under test has IDMP and Debian's Redis 7.0 has not, the schedule starts
+    /// on 7.0 and may upgrade it in place to this program once.
+    upgrade_to: Option<String>,
 }
 
 impl Servers {
     fn start() -> Servers {
-        let redis = Redis::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
+        let persistent = ["--appendonly", "yes", "--appendfsync", "always"];
+        let tested = common::redis_server();
+        let (tested_has_idmp, old_lacks_idmp) = {
+            let probe = Redis::start();
+            let old = Redis::start_program("redis-server", &[]);
+            (probe.has_idmp(), !old.has_idmp())
+        };
+        let (redis, upgrade_to) = if tested_has_idmp && old_lacks_idmp {
+            (
+                Redis::start_program("redis-server", &persistent),
+                Some(tested),
+            )
+        } else {
+            (Redis::start_with_args(&persistent), None)
+        };
         let idmp = redis.has_idmp();
         let proxy = Proxy::start(redis.port);
         let url = proxy.url();
@@ -315,6 +344,7 @@ impl Servers {
             redis,
             proxy,
             idmp,
+            upgrade_to,
         }
     }
 
@@ -387,6 +417,46 @@ impl Servers {
                 let _: () = self.redis.query(redis::cmd("DEL").arg(&stream));
                 format!("stream {stream} ({kept} entries) replaced by a string for {refused:?}")
             }
+            Fault::SlowLink => {
+                let delay = rng.between_ms(20, 400);
+                let slow = rng.between_ms(500, 3000);
+                self.proxy.delay_replies(delay);
+                thread::sleep(slow);
+                self.proxy.delay_replies(Duration::ZERO);
+                format!("replies held back {delay:?} each for {slow:?}")
+            }
+            Fault::MemoryFull => {
+                // Full from the next write on: the limit is what Redis uses now.
+                let info: String = self.redis.query(redis::cmd("INFO").arg("memory"));
+                let used = info
+                    .lines()
+                    .find_map(|line| line.strip_prefix("used_memory:"))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .unwrap_or(1 << 20);
+                let _: () = self.redis.query(
+                    redis::cmd("CONFIG")
+                        .arg("SET")
+                        .arg("maxmemory-policy")
+                        .arg("noeviction"),
+                );
+                let _: () = self
+                    .redis
+                    .query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(used));
+                let full = rng.between_ms(300, 2000);
+                thread::sleep(full);
+                let _: () = self
+                    .redis
+                    .query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0));
+                format!("Redis memory full for {full:?}")
+            }
+            Fault::UpgradeRedis => match self.upgrade_to.take() {
+                Some(program) => {
+                    self.redis.upgrade_to(&program);
+                    self.idmp = self.redis.has_idmp();
+                    format!("Redis upgraded in place to {program}")
+                }
+                None => "no upgrade to make".into(),
+            },
             Fault::Reload => {
                 let batch = (1 + rng.below(500)).to_string();
                 let workers = (1 + rng.below(3)).to_string();
@@ -484,7 +554,7 @@ fn campaign(seed: u64, length: Duration) -> Report {
     let started = Instant::now();
     while started.elapsed() < length {
         thread::sleep(rng.between_ms(200, 1200));
-        let fault = Fault::draw(&mut rng);
+        let fault = Fault::draw(&mut rng, servers.upgrade_to.is_some());
         let at = started.elapsed();
         let done = servers.inject(fault, &mut rng, &history);
         history.faults.lock().unwrap().push((at, fault, done));
