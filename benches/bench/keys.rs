@@ -11,6 +11,7 @@ mod write;
 
 use crate::common::{Pg, Redis};
 use crate::report::Report;
+use crate::write::set_fsync;
 use delayed::beside_delayed;
 use held::held_key_latency;
 use spill::beside_held_backlog;
@@ -28,11 +29,16 @@ pub(crate) fn keys(pg: &mut Pg, redis: &Redis, report: &mut Report, parts: &dyn 
             "CREATE TABLE IF NOT EXISTS accounts (id bigserial PRIMARY KEY, email text NOT NULL)",
         )
         .unwrap();
+    // The write cases with fsync on, as the plain write case runs.
     if parts("keys-write") {
+        set_fsync(pg, "on");
         keyed_write(pg, redis, report);
+        set_fsync(pg, "off");
     }
     if parts("keys-trace") {
+        set_fsync(pg, "on");
         traced_write(pg, redis, report);
+        set_fsync(pg, "off");
     }
     if parts("keys-workers") {
         keyed_workers(pg, redis, report);

@@ -148,14 +148,16 @@ fn main() {
          that `OUTBOX_BENCH_OTHER` names). It reports; it never fails on a figure. Earlier runs are in \
          `git log -p BENCHMARKS.md`.\n\n\
          ## The machine\n\n\
-         {cores} cores ({cpu}), PostgreSQL {server_version} with `fsync = off`, the extension's release build, \
+         {cores} cores ({cpu}), PostgreSQL {server_version} with `fsync = off` (`on` in the write cases, as a \
+         production server writes), the extension's release build, \
          one relay worker unless a case says otherwise, and redis-server on the same machine; the IDMP case \
          uses Redis 8.6. This run: {run}, {seconds:.0} s.\n\n\
          ## Method\n\n\
          `make bench` starts its own PostgreSQL, with the extension preloaded, and redis-server, and \
          measures each case against a baseline in the same run:\n\n\
-         - **Write**: pgbench, a business transaction (one row into `accounts`) at 1 and 8 clients with \
-         `outbox_enqueue`, against the same transaction with a hand-written `INSERT INTO outbox` of the \
+         - **Write**: pgbench, with `fsync = on`, a business transaction (one row into `accounts`) at 1 and \
+         8 clients with `outbox_enqueue` (with the defaults and nobody listening, with a session listening, \
+         and with `outbox.notify_channel` empty), against the same transaction with a hand-written `INSERT INTO outbox` of the \
          same row: the least any outbox costs. Medians of {WRITE_REPS} runs of {PGBENCH_SECONDS} s; the targeted cases run \
          {WRITE_PAIRS} pairs, are also counted until the relay has published every event they enqueued (so that the \
          relay's work is not left out), and are compared once more with both transactions drawn at random \

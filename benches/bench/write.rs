@@ -2,7 +2,7 @@
 //! transaction (one row into `accounts`) at 1 and 8 clients, alone, with a hand-written
 //! `INSERT INTO outbox`, and with `outbox_enqueue`: with the defaults and nobody listening on
 //! `outbox.notify_channel` (no notification is sent), with one session listening (each commit
-//! notifies), and with the channel empty, while the relay runs. The baseline is the hand-written insert: the same event row written by
+//! notifies), and with the channel empty, while the relay runs, with `fsync = on`. The baseline is the hand-written insert: the same event row written by
 //! plain SQL, the least any outbox costs, so the ratio shows what the function adds. Every case
 //! is a transaction of its own; each run starts on an emptied table right after a checkpoint;
 //! every other repetition runs the cases backwards; and the ratio is the median of the ratios
@@ -41,10 +41,36 @@ const MIXED_SECONDS: u32 = 10;
 /// The stream of the write cases' events (topic `account.created`, no stream prefix).
 pub(crate) const STREAM: &str = "account.created";
 
+/// Sets `fsync` (`on` for the write cases, as a production server writes: a commit then waits
+/// for its flush, and commits that cannot share one, as a notifying commit holding a
+/// database-wide lock through it cannot, show what that costs; the other cases run with the
+/// harness's `off`) and waits until the server has it.
+pub(crate) fn set_fsync(pg: &Pg, value: &str) {
+    pg.connect()
+        .batch_execute(&format!(
+            "ALTER SYSTEM SET fsync = {value}; SELECT pg_reload_conf()"
+        ))
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || pg
+            .connect()
+            .query_one("SHOW fsync", &[])
+            .map(|row| row.get::<_, String>(0) == value)
+            .unwrap_or(false)),
+        "fsync is not {value} after the reload"
+    );
+}
+
 pub(crate) fn write_cost(pg: &Pg, redis: &Redis, report: &mut Report) {
     println!(
-        "1. write cost (pgbench, {PGBENCH_SECONDS} s x {WRITE_REPS}, the targeted case x {WRITE_PAIRS}, relay running)"
+        "1. write cost (pgbench, {PGBENCH_SECONDS} s x {WRITE_REPS}, the targeted case x {WRITE_PAIRS}, relay running, fsync on)"
     );
+    set_fsync(pg, "on");
+    write_cost_cases(pg, redis, report);
+    set_fsync(pg, "off");
+}
+
+fn write_cost_cases(pg: &Pg, redis: &Redis, report: &mut Report) {
     let mut admin = pg.connect();
     admin
         .batch_execute(
