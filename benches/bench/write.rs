@@ -46,11 +46,11 @@ pub(crate) const STREAM: &str = "account.created";
 /// database-wide lock through it cannot, show what that costs; the other cases run with the
 /// harness's `off`) and waits until the server has it.
 pub(crate) fn set_fsync(pg: &Pg, value: &str) {
-    pg.connect()
-        .batch_execute(&format!(
-            "ALTER SYSTEM SET fsync = {value}; SELECT pg_reload_conf()"
-        ))
+    let mut admin = pg.connect();
+    admin
+        .batch_execute(&format!("ALTER SYSTEM SET fsync = {value}"))
         .unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || pg
             .connect()
