@@ -327,19 +327,10 @@ struct Servers {
 impl Servers {
     fn start() -> Servers {
         let persistent = ["--appendonly", "yes", "--appendfsync", "always"];
-        let tested = common::redis_server();
-        let (tested_has_idmp, old_lacks_idmp) = {
-            let probe = Redis::start();
-            let old = Redis::start_program("redis-server", &[]);
-            (probe.has_idmp(), !old.has_idmp())
-        };
-        let (redis, upgrade_to) = if tested_has_idmp && old_lacks_idmp {
-            (
-                Redis::start_program("redis-server", &persistent),
-                Some(tested),
-            )
-        } else {
-            (Redis::start_with_args(&persistent), None)
+        let upgrade_to = common::idmp_upgrade_target();
+        let redis = match upgrade_to {
+            Some(_) => Redis::start_program("redis-server", &persistent),
+            None => Redis::start_with_args(&persistent),
         };
         let idmp = redis.has_idmp();
         let proxy = Proxy::start(redis.port);

@@ -201,19 +201,13 @@ fn the_readme_redis_user_for_idmp_publishes_with_idmp() {
 /// 7.0 as `redis-server` (its source); the other runs of the matrix say so and pass.
 #[test]
 fn an_upgrade_to_idmp_with_a_chunk_in_doubt_publishes_it_once() {
-    let target = common::redis_server();
-    let (target_has_idmp, source_lacks_idmp) = {
-        let probe = Redis::start();
-        let old = Redis::start_program("redis-server", &[]);
-        (probe.has_idmp(), !old.has_idmp())
-    };
-    if !target_has_idmp || !source_lacks_idmp {
+    let Some(target) = common::idmp_upgrade_target() else {
         eprintln!(
-            "not run: needs redis-server without IDMP and OUTBOX_TEST_REDIS_SERVER with it \
-             ({target} has IDMP: {target_has_idmp})"
+            "not run: needs redis-server without IDMP and OUTBOX_TEST_REDIS_SERVER ({}) with it",
+            common::redis_server()
         );
         return;
-    }
+    };
     let mut redis = Redis::start_program(
         "redis-server",
         &["--appendonly", "yes", "--appendfsync", "always"],

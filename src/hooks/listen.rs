@@ -20,18 +20,10 @@ use pgrx::prelude::*;
 use crate::shmem;
 use crate::write::backend::{self, BackendLocal};
 
-/// What a statement asks of the session's listening.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    Listen(Vec<u8>),
-    Unlisten(Vec<u8>),
-    UnlistenAll,
-}
-
 /// A channel's name as a statement gives it (at most `NAMEDATALEN - 1` bytes, as PostgreSQL
 /// truncates identifiers), kept as plain data across the statement: an error in it ends in
 /// PostgreSQL's longjmp past the hook's frame, which must hold nothing with a destructor.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct Named {
     bytes: [u8; pg_sys::NAMEDATALEN as usize],
     len: usize,
@@ -45,56 +37,46 @@ impl Named {
         Named { bytes, len }
     }
 
-    fn name(&self) -> Vec<u8> {
-        self.bytes[..self.len].to_vec()
+    fn name(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
 }
 
-/// [`Action`] as plain data.
-#[derive(Clone, Copy)]
+/// What a statement asks of the session's listening.
+#[derive(Debug, Clone, Copy)]
 pub enum Asked {
     Listen(Named),
     Unlisten(Named),
     UnlistenAll,
 }
 
-impl Asked {
-    fn action(self) -> Action {
-        match self {
-            Asked::Listen(channel) => Action::Listen(channel.name()),
-            Asked::Unlisten(channel) => Action::Unlisten(channel.name()),
-            Asked::UnlistenAll => Action::UnlistenAll,
-        }
-    }
-}
-
 /// The channels a session listens on, and what its transaction asked for so far.
 #[derive(Debug, Default)]
 pub struct Session {
     listening: BTreeSet<Vec<u8>>,
-    /// Each action with the subtransaction that asked for it.
-    pending: Vec<(u32, Action)>,
+    /// Each request with the subtransaction that made it.
+    pending: Vec<(u32, Asked)>,
     /// Channels counted at pre-commit, before the commit applies them.
     counted_early: Vec<Vec<u8>>,
 }
 
 impl Session {
-    fn ask(&mut self, subtransaction: u32, action: Action) {
-        self.pending.push((subtransaction, action));
+    fn ask(&mut self, subtransaction: u32, asked: Asked) {
+        self.pending.push((subtransaction, asked));
     }
 
     /// The channels the session will listen on once its pending actions are applied.
     fn after_commit(&self) -> BTreeSet<Vec<u8>> {
         let mut after = self.listening.clone();
-        for (_, action) in &self.pending {
-            match action {
-                Action::Listen(channel) => {
-                    after.insert(channel.clone());
+        for (_, asked) in &self.pending {
+            match asked {
+                Asked::Listen(channel) => {
+                    after.insert(channel.name().to_vec());
                 }
-                Action::Unlisten(channel) => {
-                    after.remove(channel);
+                Asked::Unlisten(channel) => {
+                    after.remove(channel.name());
                 }
-                Action::UnlistenAll => after.clear(),
+                Asked::UnlistenAll => after.clear(),
             }
         }
         after
@@ -183,7 +165,7 @@ pub unsafe fn action(node: *mut pg_sys::Node) -> Option<Asked> {
 /// After a utility statement ran without error: notes what it asked of the session's
 /// listening ([`action`]).
 pub fn after(asked: Option<Asked>) {
-    let Some(action) = asked.map(Asked::action) else {
+    let Some(asked) = asked else {
         return;
     };
     if shmem::shared().is_none() {
@@ -199,7 +181,7 @@ pub fn after(asked: Option<Asked>) {
     });
     // SAFETY: reads the current subtransaction's id.
     let subtransaction = unsafe { pg_sys::GetCurrentSubTransactionId() };
-    SESSION.get().borrow_mut().ask(subtransaction, action);
+    SESSION.get().borrow_mut().ask(subtransaction, asked);
 }
 
 /// Applies `change` to this database's count of each of `channels`.
@@ -260,17 +242,25 @@ mod tests {
         name.as_bytes().to_vec()
     }
 
+    fn listen(name: &str) -> Asked {
+        Asked::Listen(Named::new(name.as_bytes()))
+    }
+
+    fn unlisten(name: &str) -> Asked {
+        Asked::Unlisten(Named::new(name.as_bytes()))
+    }
+
     #[test]
     fn a_listen_counts_from_its_commit_and_an_unlisten_after_it() {
         let mut session = Session::default();
-        session.ask(1, Action::Listen(channel("outbox")));
+        session.ask(1, listen("outbox"));
         assert_eq!(session.pre_commit(), [channel("outbox")]);
         assert!(session.commit().is_empty());
         // Listening again adds nothing.
-        session.ask(1, Action::Listen(channel("outbox")));
+        session.ask(1, listen("outbox"));
         assert!(session.pre_commit().is_empty());
         session.commit();
-        session.ask(1, Action::Unlisten(channel("outbox")));
+        session.ask(1, unlisten("outbox"));
         assert!(session.pre_commit().is_empty());
         assert_eq!(session.commit(), [channel("outbox")]);
         assert!(session.listening.is_empty());
@@ -279,12 +269,12 @@ mod tests {
     #[test]
     fn unlisten_all_and_the_order_of_a_transactions_statements() {
         let mut session = Session::default();
-        session.ask(1, Action::Listen(channel("a")));
-        session.ask(1, Action::Listen(channel("b")));
+        session.ask(1, listen("a"));
+        session.ask(1, listen("b"));
         session.pre_commit();
         session.commit();
-        session.ask(1, Action::UnlistenAll);
-        session.ask(1, Action::Listen(channel("b")));
+        session.ask(1, Asked::UnlistenAll);
+        session.ask(1, listen("b"));
         assert!(session.pre_commit().is_empty());
         assert_eq!(session.commit(), [channel("a")]);
         assert_eq!(session.exit(), [channel("b")]);
@@ -293,17 +283,17 @@ mod tests {
     #[test]
     fn what_rolls_back_is_dropped() {
         let mut session = Session::default();
-        session.ask(1, Action::Listen(channel("a")));
+        session.ask(1, listen("a"));
         session.pre_commit();
         // The commit failed after pre-commit: the early count is taken back.
         assert_eq!(session.abort(), [channel("a")]);
         assert!(session.listening.is_empty());
         // A subtransaction's UNLISTEN rolled back: the session still listens.
-        session.ask(1, Action::Listen(channel("a")));
+        session.ask(1, listen("a"));
         session.pre_commit();
         session.commit();
-        session.ask(2, Action::Unlisten(channel("a")));
-        session.ask(3, Action::UnlistenAll);
+        session.ask(2, unlisten("a"));
+        session.ask(3, Asked::UnlistenAll);
         session.abort_subtransaction(2);
         session.pre_commit();
         assert!(session.commit().is_empty());

@@ -28,6 +28,15 @@ pub fn redis_server() -> String {
     std::env::var("OUTBOX_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
+/// The server under test, if an upgrade in place to it switches dedupe: it has IDMP and
+/// Debian's Redis 7.0 (`redis-server`, the upgrade's source) has not. Found by starting both.
+pub fn idmp_upgrade_target() -> Option<String> {
+    let target = redis_server();
+    let target_has_idmp = Redis::start().has_idmp();
+    let source_lacks_idmp = !Redis::start_program("redis-server", &[]).has_idmp();
+    (target_has_idmp && source_lacks_idmp).then_some(target)
+}
+
 /// Waits up to `block` for the first entry of `stream` after the entry `after` (`"0-0"` for the
 /// first of all) and returns its id, `None` if none came. A blocking read returns as the entry
 /// arrives, where polling `XLEN` in a loop takes a core of a two-core machine from the relay and

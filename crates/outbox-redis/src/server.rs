@@ -127,9 +127,6 @@ pub fn choose_with_doubt(
     in_doubt: Option<InUse>,
 ) -> Result<InUse, String> {
     let chosen = choose(setting, features);
-    if setting == Dedupe::Off {
-        return chosen;
-    }
     match (in_doubt, &chosen) {
         (Some(InUse::Markers), Ok(InUse::Idmp)) => Ok(InUse::Markers),
         (Some(InUse::Idmp), Ok(InUse::Markers) | Err(_)) if !features.known => Ok(InUse::Idmp),
