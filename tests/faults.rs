@@ -108,28 +108,13 @@ const FAULTS: [(Fault, u64); 14] = [
     (Fault::UpgradeRedis, 1),
 ];
 
-/// Whether Redis out of memory is drawn where the relay may deduplicate with IDMP. It is left
-/// out unless `OUTBOX_FAULTS_ALL=1`, for a defect this campaign found and that is not fixed
-/// yet: with IDMP a chunk's `XADD`s go as one pipeline, and when Redis refuses some of them for
-/// memory and takes later ones once memory is freed (the fault ends mid-pipeline), the relay
-/// rolls the batch back and sends it again: IDMP adds only the refused events, after the later
-/// events of their keys already in the stream, out of commit order. (Markers' script call per
-/// stream runs whole or not at all.)
-fn memory_full_with_idmp() -> bool {
-    std::env::var("OUTBOX_FAULTS_ALL").is_ok_and(|v| v == "1")
-}
-
 impl Fault {
     /// A fault drawn by weight, among those that can happen now: an upgrade only while there is
-    /// one to make, memory full only where IDMP cannot be in use (see
-    /// [`memory_full_with_idmp`]).
-    fn draw(rng: &mut Rng, upgradable: bool, idmp_possible: bool) -> Fault {
+    /// one to make.
+    fn draw(rng: &mut Rng, upgradable: bool) -> Fault {
         let possible: Vec<(Fault, u64)> = FAULTS
             .into_iter()
             .filter(|(fault, _)| upgradable || *fault != Fault::UpgradeRedis)
-            .filter(|(fault, _)| {
-                !idmp_possible || memory_full_with_idmp() || *fault != Fault::MemoryFull
-            })
             .collect();
         let total: u64 = possible.iter().map(|(_, weight)| weight).sum();
         let mut at = rng.below(total);
@@ -560,8 +545,7 @@ fn campaign(seed: u64, length: Duration) -> Report {
     let started = Instant::now();
     while started.elapsed() < length {
         thread::sleep(rng.between_ms(200, 1200));
-        let idmp_possible = servers.idmp || servers.upgrade_to.is_some();
-        let fault = Fault::draw(&mut rng, servers.upgrade_to.is_some(), idmp_possible);
+        let fault = Fault::draw(&mut rng, servers.upgrade_to.is_some());
         let at = started.elapsed();
         let done = servers.inject(fault, &mut rng, &history);
         history.faults.lock().unwrap().push((at, fault, done));

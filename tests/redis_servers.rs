@@ -253,3 +253,59 @@ fn an_upgrade_to_idmp_with_a_chunk_in_doubt_publishes_it_once() {
         dedupe_shown(&pg)
     );
 }
+
+/// Memory full when a round trip begins and freed in its middle: Redis refuses the commands it
+/// reads first (OOM) and runs those that arrive after. The proxy stops the relay's commands in
+/// the middle of one key's events while the test frees the memory. A stream's share of a chunk
+/// is one command whatever the dedupe method, so that no later event of a key is in the stream
+/// before an earlier one that goes again once Redis takes writes.
+#[test]
+fn memory_freed_in_the_middle_of_a_round_trip_keeps_each_key_in_order() {
+    let redis = Redis::start();
+    let proxy = common::proxy::Proxy::start(redis.port);
+    let url = proxy.url();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_timeout", "2s"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut ids = enqueue_many(&mut client, "ordered", 1);
+    assert!(wait_until(Duration::from_secs(10), || redis
+        .xlen("ordered")
+        == 1));
+
+    proxy.stop_commands_at("stop-here");
+    let set_maxmemory = |bytes: &str| {
+        let _: String = redis.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bytes));
+    };
+    set_maxmemory("1");
+    // One key's 40 events in one transaction, the 21st carrying the text the proxy stops at.
+    let rows = client
+        .query(
+            "SELECT outbox_enqueue('ordered', jsonb_build_object('n', g, 'at', \
+             CASE WHEN g = 21 THEN 'stop-here' END), key => 'k') \
+             FROM generate_series(1, 40) g",
+            &[],
+        )
+        .unwrap();
+    ids.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy.stopped()),
+        "the chunk did not reach the proxy"
+    );
+    // What came before the text reached Redis while its memory was full.
+    set_maxmemory("0");
+    proxy.go_on();
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "the events were not published once Redis took writes: {}",
+        pg.log()
+    );
+    assert_eq!(
+        redis.ids("ordered"),
+        ids,
+        "the key's events are out of order"
+    );
+}

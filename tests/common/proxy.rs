@@ -1,7 +1,8 @@
 //! A TCP proxy between the relay and Redis that can swallow Redis's replies (the commands go
 //! through and Redis runs them, the relay hears nothing back, as when a link breaks after a
-//! round trip was sent), hold them back (a slow link), or cut every connection. When either
-//! side closes, the proxy closes the other.
+//! round trip was sent), hold them back (a slow link), stop the commands at a given text until
+//! told to go on (so that a test acts while Redis has run half a round trip), or cut every
+//! connection. When either side closes, the proxy closes the other.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -17,6 +18,56 @@ pub struct Proxy {
     delay: Arc<AtomicU64>,
     /// The connections open now, to cut.
     open: Arc<Mutex<Vec<TcpStream>>>,
+    stop: Arc<Stop>,
+}
+
+/// Where the commands stop: the text, whether they have stopped there, and whether they may
+/// go on.
+#[derive(Default)]
+struct Stop {
+    at: Mutex<Option<Vec<u8>>>,
+    stopped: AtomicBool,
+    go_on: AtomicBool,
+}
+
+impl Stop {
+    /// Forwards `bytes` to `to`, stopping before the text if it is armed and found: `carry` holds
+    /// the end of the last piece that may begin the text, kept back so that a text split between
+    /// two reads is found.
+    fn forward(
+        &self,
+        carry: &mut Vec<u8>,
+        bytes: &[u8],
+        to: &mut TcpStream,
+    ) -> std::io::Result<()> {
+        let at = self.at.lock().unwrap().clone();
+        let Some(at) = at else {
+            to.write_all(carry)?;
+            carry.clear();
+            return to.write_all(bytes);
+        };
+        carry.extend_from_slice(bytes);
+        if let Some(start) = carry.windows(at.len()).position(|w| w == at.as_slice()) {
+            to.write_all(&carry[..start])?;
+            *self.at.lock().unwrap() = None;
+            self.stopped.store(true, Ordering::SeqCst);
+            while !self.go_on.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(1));
+            }
+            to.write_all(&carry[start..])?;
+            carry.clear();
+            return Ok(());
+        }
+        // Only an end that may begin the text is kept back: a command that ends otherwise
+        // goes whole, and gets its reply.
+        let keep = (1..at.len().min(carry.len() + 1))
+            .rev()
+            .find(|&k| carry.ends_with(&at[..k]))
+            .unwrap_or(0);
+        to.write_all(&carry[..carry.len() - keep])?;
+        carry.drain(..carry.len() - keep);
+        Ok(())
+    }
 }
 
 impl Proxy {
@@ -31,6 +82,8 @@ impl Proxy {
         let delaying = delay.clone();
         let open = Arc::new(Mutex::new(Vec::new()));
         let opened = open.clone();
+        let stop = Arc::new(Stop::default());
+        let stopping = stop.clone();
         thread::spawn(move || {
             for client in listener.incoming().map_while(Result::ok) {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
@@ -42,12 +95,14 @@ impl Proxy {
                     open.push(kept);
                 }
                 // Replies (server to client) can be swallowed or held back; commands go as
-                // they come.
+                // they come, or stop at a text.
                 type Replies = Option<(Arc<AtomicBool>, Arc<AtomicU64>)>;
                 let pipe = |from: &TcpStream, to: &TcpStream, replies: Replies| {
                     let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                    let stop = stopping.clone();
                     thread::spawn(move || {
                         let mut buffer = [0u8; 16 * 1024];
+                        let mut carry = Vec::new();
                         loop {
                             let n = match from.read(&mut buffer) {
                                 Ok(0) | Err(_) => break,
@@ -61,6 +116,10 @@ impl Proxy {
                                 if wait > 0 {
                                     thread::sleep(Duration::from_millis(wait));
                                 }
+                            } else if stop.forward(&mut carry, &buffer[..n], &mut to).is_err() {
+                                break;
+                            } else {
+                                continue;
                             }
                             if to.write_all(&buffer[..n]).is_err() {
                                 break;
@@ -83,7 +142,26 @@ impl Proxy {
             swallow,
             delay,
             open,
+            stop,
         }
+    }
+
+    /// Stops the commands just before the next occurrence of `text`: what comes before it
+    /// reaches Redis, the rest waits for [`Proxy::go_on`].
+    pub fn stop_commands_at(&self, text: &str) {
+        self.stop.stopped.store(false, Ordering::SeqCst);
+        self.stop.go_on.store(false, Ordering::SeqCst);
+        *self.stop.at.lock().unwrap() = Some(text.as_bytes().to_vec());
+    }
+
+    /// Whether the commands have stopped at the text.
+    pub fn stopped(&self) -> bool {
+        self.stop.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Lets the stopped commands go on.
+    pub fn go_on(&self) {
+        self.stop.go_on.store(true, Ordering::SeqCst);
     }
 
     /// Whether Redis's replies are dropped from now on.

@@ -38,25 +38,10 @@ fn is_redirection(code: &str) -> bool {
     )
 }
 
-/// Whether a command runs the dedupe script.
+/// Whether a command runs a script (the markers' or IDMP's, see `scripts.rs`), which adds
+/// nothing twice whatever the number of times it is sent.
 fn is_script(cmd: &Cmd) -> bool {
     matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(name)) if name == b"EVAL")
-}
-
-/// Whether a command is an `XADD ... IDMP`: one that Redis adds once whatever the number of
-/// times it is sent, and that answers nil instead of an entry id when its stream does not
-/// exist (it carries `NOMKSTREAM`). Only the options between the stream and the entry id `*`
-/// count: a field or value `IDMP` in an event makes no plain `XADD` one.
-fn is_idempotent_add(cmd: &Cmd) -> bool {
-    let mut args = cmd.args_iter().map(|arg| match arg {
-        redis::Arg::Simple(bytes) => bytes,
-        _ => &[][..],
-    });
-    args.next() == Some(&b"XADD"[..])
-        && args
-            .skip(1)
-            .take_while(|arg| *arg != b"*")
-            .any(|arg| arg == b"IDMP")
 }
 
 /// Sends one command of a cluster pipeline on its own: its reply, or its error as a reply.
@@ -373,14 +358,10 @@ impl Link {
                             resend(connection, cmd)?
                         }
                         Some(e) => Value::ServerError(e.clone()),
-                        // A script's reply says what became of each event, and it was lost:
-                        // the script runs again, and its markers make it add nothing twice.
-                        // Likewise an XADD with IDMP, whose lost reply may have been nil (its
-                        // stream deleted): sent again, it adds nothing twice and answers as
-                        // the first time.
-                        None if is_script(cmd) || is_idempotent_add(cmd) => {
-                            resend(connection, cmd)?
-                        }
+                        // A script's reply says what became of each event (IDMP's, that its
+                        // stream was gone), and it was lost: the script runs again, and its
+                        // markers or IDMP make it add nothing twice.
+                        None if is_script(cmd) => resend(connection, cmd)?,
                         // An XADD without IDMP, which answers with an entry id whenever it is
                         // not an error (pipeline::read needs only that).
                         None => Value::SimpleString("added".into()),
@@ -433,34 +414,5 @@ pub fn describe(error: &RedisError) -> String {
     match (error.code(), error.detail()) {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
         _ => error.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_idempotent_add;
-
-    #[test]
-    fn only_an_xadd_with_idmp_among_its_options_is_sent_again() {
-        let xadd = |args: &[&str]| {
-            let mut cmd = redis::cmd("XADD");
-            for arg in args {
-                cmd.arg(*arg);
-            }
-            cmd
-        };
-        assert!(is_idempotent_add(&xadd(&[
-            "s",
-            "NOMKSTREAM",
-            "IDMP",
-            "p:1",
-            "7-1",
-            "*",
-            "id",
-            "7"
-        ])));
-        assert!(!is_idempotent_add(&xadd(&["s", "*", "topic", "IDMP"])));
-        assert!(!is_idempotent_add(&xadd(&["IDMP", "*", "id", "7"])));
-        assert!(!is_idempotent_add(&redis::cmd("EVAL")));
     }
 }

@@ -1,6 +1,7 @@
-//! One round trip to Redis as a pipeline: the commands that publish a chunk of events (the
-//! dedupe script per stream, or plain XADDs, with IDMP or without), the deletion of markers
-//! whose batch committed, trimming by age, and how the replies map back to events. No I/O here.
+//! One round trip to Redis as a pipeline: the commands that publish a chunk of events (a script
+//! call per stream, with markers or with IDMP, or plain XADDs without dedupe), the deletion of
+//! markers whose batch committed, trimming by age, and how the replies map back to events. No
+//! I/O here.
 
 use std::cell::Cell;
 use std::collections::hash_map::RandomState;
@@ -13,15 +14,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redis::Value;
 
 use crate::encode::{
-    group_by_stream, key_slot, marker_key, marker_period, optional_fields, rfc3339, shard_runs,
-    Event,
+    group_by_stream, key_slot, marker_key, marker_period, optional_fields, rfc3339, rfc3339_arg,
+    shard_runs, Event,
 };
 use crate::outcome::{Answer, Failed, Markers, Outcome};
 use crate::resp::{Args, Packed};
-use crate::scripts::{ScriptCall, DEDUPE_SCRIPT};
+use crate::scripts::{ScriptCall, DEDUPE_SCRIPT, IDMP_SCRIPT};
 use crate::server::InUse;
 use crate::target::Target;
-use crate::xadd;
+use crate::{idmp, xadd};
 
 /// The hash field a script call's markers go to: unique to the call, among all the relay's
 /// processes, so that a call never overwrites the markers another left (in a retry after a
@@ -96,7 +97,8 @@ pub struct Layout {
     leading: usize,
     /// Whether the events' commands are calls of the markers' script.
     script: bool,
-    /// Whether they are XADDs with IDMP, which answer nil when their stream does not exist.
+    /// Whether they are calls of the IDMP script, which answers 0 when its stream does not
+    /// exist.
     idmp: bool,
     covers: Covers,
     markers: Vec<Markers>,
@@ -108,7 +110,7 @@ pub struct Layout {
 enum Covers {
     /// An `XADD` per event: command `k` covers the event at position `k`, of so many.
     Each(usize),
-    /// A script call per stream, covering that stream's events.
+    /// A script call per stream (markers' or IDMP's), covering that stream's events.
     Streams(Vec<Vec<usize>>),
 }
 
@@ -257,13 +259,24 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
             calls.push(positions);
         }
         layout.covers = Covers::Streams(calls);
+    } else if layout.idmp {
+        layout.covers = Covers::Streams(idmp_calls(
+            &mut commands,
+            chunk.events,
+            target,
+            shape.acked,
+            |stream| {
+                if waits {
+                    layout.slots.insert(key_slot(stream.as_bytes()));
+                }
+            },
+        ));
     } else {
         let slots = &mut layout.slots;
         xadd::build(
             &mut commands,
             chunk.events,
             target,
-            layout.idmp,
             |cmd| trim_args(cmd, target, shape.acked),
             |stream| {
                 if waits {
@@ -278,6 +291,52 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
         ignored,
         layout,
     }
+}
+
+/// Writes one call of the IDMP script per stream of the chunk (see `idmp_add.lua`), sent whole:
+/// its user needs `EVAL` for the streams' windows already. Returns the positions each call
+/// covers; `stream_seen` is told each stream key.
+fn idmp_calls(
+    commands: &mut Packed,
+    events: &[Event],
+    target: &Target,
+    acked: bool,
+    mut stream_seen: impl FnMut(&str),
+) -> Vec<Vec<usize>> {
+    let mut producers: Vec<Option<String>> = Vec::new();
+    let mut calls = Vec::new();
+    for (stream, positions) in group_by_stream(&target.stream_prefix, events) {
+        stream_seen(&stream);
+        commands.command(|cmd| {
+            IDMP_SCRIPT.write_call(ScriptCall::Whole, cmd);
+            cmd.arg("1").arg(&stream);
+            let acked = if acked { "a" } else { "" };
+            cmd.arg(format!("{}{acked}", target.stream_maxlen));
+            cmd.arg(&events[positions[0]].topic)
+                .arg(optional_fields(events, &positions));
+            for &p in &positions {
+                let event = &events[p];
+                let group = usize::from(event.group);
+                if producers.len() <= group {
+                    producers.resize(group + 1, None);
+                }
+                let producer = producers[group]
+                    .get_or_insert_with(|| idmp::producer(&target.marker_namespace, event.group));
+                cmd.arg(producer.as_str());
+                idmp::identity_arg(cmd, event.id, event.created_at);
+                cmd.int(event.id).arg(&event.payload);
+                rfc3339_arg(cmd, event.created_at);
+                if let Some(key) = &event.key {
+                    cmd.arg(key);
+                }
+                if let Some(headers) = &event.headers {
+                    cmd.arg(headers);
+                }
+            }
+        });
+        calls.push(positions);
+    }
+    calls
 }
 
 /// Whether a reply is a protocol error, after which Redis closes the connection (a bulk
@@ -326,7 +385,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                     results[p] = Outcome::Failed(message.clone());
                 }
             }
-            Value::Array(items) if layout.script => {
+            Value::Array(items) if layout.script || layout.idmp => {
                 // Pairs of an event's position in the script's share (from 1) and the error
                 // XADD gave it; the events not named are in the stream.
                 if items.len() % 2 != 0 {
@@ -361,8 +420,9 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                     results[p] = Outcome::Failed(message);
                 }
             }
-            Value::BulkString(_) | Value::SimpleString(_) if !layout.script => {}
-            Value::Nil if layout.idmp => missing.extend_from_slice(positions),
+            Value::BulkString(_) | Value::SimpleString(_) if !layout.script && !layout.idmp => {}
+            // The IDMP script's stream does not exist: it added nothing.
+            Value::Int(0) if layout.idmp => missing.extend_from_slice(positions),
             other => {
                 return Err(Failed::Broken(format!(
                     "unexpected reply from Redis: {other:?}"
@@ -552,42 +612,63 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn idmp_names_the_lane_group_and_the_event() {
+    fn idmp_sends_a_call_per_stream_naming_the_lane_group_and_the_event() {
         let mut target = target(Dedupe::Auto);
         target.stream_maxlen = 1000;
-        let mut events = [event(7, "a"), event(8, "b")];
+        let mut events = [event(7, "a"), event(8, "b"), event(9, "a")];
         events[0].group = 3;
         events[0].created_at = 1_000;
+        events[2].key = Some("k".into());
         let chunk = chunk_of(&target, &events);
         let shape = Shape {
             dedupe: InUse::Idmp,
             acked: true,
         };
         let built = built(&chunk, &shape);
+        // One call per stream, sent whole: a's events 7 and 9, then b's 8.
         assert_eq!(built.commands.len(), 2);
+        let a = args(&listed(&built)[0]);
+        assert_eq!(a[0], "EVAL");
+        assert!(a[1].contains("IDMP"));
+        let stamp = |at| rfc3339(at);
         assert_eq!(
-            args(&listed(&built)[0])[..11],
+            a[2..],
             [
-                "XADD",
+                "1",
                 "a",
-                "NOMKSTREAM",
-                "ACKED",
-                "MAXLEN",
-                "~",
-                "1000",
-                "IDMP",
+                "1000a",
+                "a",
+                "-k",
                 "t:3",
                 "7-1000",
-                "*"
+                "7",
+                "{}",
+                &stamp(1_000),
+                "t:0",
+                "9-0",
+                "9",
+                "{}",
+                &stamp(0),
+                "k"
             ]
         );
-        assert_eq!(args(&listed(&built)[1])[7..10], ["IDMP", "t:0", "8-0"]);
+        assert_eq!(
+            args(&listed(&built)[1])[2..9],
+            ["1", "b", "1000a", "b", "-", "t:0", "8-0"]
+        );
         // A stream that does not exist adds nothing, and its events are named to go again.
-        let added = || reply(b"$3\r\n1-1\r\n");
-        let Ok(answer) = read(&chunk, &built.layout, vec![added(), reply(b"_\r\n")]) else {
+        let none = || reply(b"*0\r\n");
+        let Ok(answer) = read(&chunk, &built.layout, vec![none(), reply(b":0\r\n")]) else {
             panic!("a missing stream failed the chunk");
         };
         assert_eq!(answer.missing, [1]);
+        assert_eq!(answer.results, vec![Outcome::Added; 3]);
+        // A refusal for memory is every event's, and the chunk's.
+        let oom = || reply(b"*4\r\n:1\r\n$3\r\nOOM\r\n:2\r\n$3\r\nOOM\r\n");
+        assert!(matches!(
+            read(&chunk, &built.layout, vec![oom(), none()]),
+            Err(Failed::Refused(error)) if error == "OOM"
+        ));
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! A round trip's commands written the way Redis reads them (RESP: `*<count>` then `$<length>`
 //! and the bytes of each argument), one after another into one buffer.
 //!
-//! A chunk of a thousand events with IDMP is a thousand `XADD`s. Made as redis-rs `Cmd`s, each
-//! is two allocations, its lengths are formatted through `fmt`, and the pipeline then copies
-//! them all into a buffer of its own: about a microsecond an event on the relay's Redis thread,
-//! more than the markers' one script call per stream costs in all. Here each argument is
+//! A chunk of a thousand events is a thousand `XADD`s without dedupe, or a script call per
+//! stream with thousands of arguments. Made as redis-rs `Cmd`s, each argument is an allocation,
+//! its length is formatted through `fmt`, and the pipeline then copies them all into a buffer
+//! of its own: about a microsecond an event on the relay's Redis thread. Here each argument is
 //! copied once, into the buffer that goes to the socket. A cluster, whose pipeline routes each
 //! command by its key, gets them back as `Cmd`s ([`Packed::commands`]).
 

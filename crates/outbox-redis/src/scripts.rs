@@ -1,13 +1,18 @@
-//! The Lua script the relay publishes through with markers, and how a call names them: by SHA1 on a
-//! connection that has loaded them (`EVALSHA`), or whole (`EVAL`) on a cluster, whose nodes may
-//! not have loaded them and whose pipelines take no `EVALSHA`.
+//! The Lua scripts the relay publishes through (one call per stream and chunk: with markers, or
+//! with IDMP), and how a call names them: by SHA1 on a connection that has loaded them
+//! (`EVALSHA`), or whole (`EVAL`) on a cluster, whose nodes may not have loaded them and whose
+//! pipelines take no `EVALSHA`.
 
 use std::sync::OnceLock;
 
 use redis::Cmd;
 
+use crate::resp::Args;
+
 /// The markers' script (`outbox.dedupe` with markers); see the file.
 pub const DEDUPE: &str = include_str!("dedupe.lua");
+/// The script that adds a stream's events with IDMP; see the file.
+pub const IDMP_ADD: &str = include_str!("idmp_add.lua");
 
 /// How a script is called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +29,7 @@ pub struct Script {
 }
 
 pub static DEDUPE_SCRIPT: Script = Script::new(DEDUPE);
+pub static IDMP_SCRIPT: Script = Script::new(IDMP_ADD);
 
 impl Script {
     const fn new(source: &'static str) -> Script {
@@ -49,6 +55,15 @@ impl Script {
                 .collect::<Vec<_>>()
                 .join("\n")
         })
+    }
+
+    /// The start of a call, written into a command being built: `EVALSHA <sha>` or `EVAL
+    /// <source>`.
+    pub fn write_call(&self, how: ScriptCall, args: &mut Args<'_>) {
+        match how {
+            ScriptCall::BySha => args.arg("EVALSHA").arg(self.sha()),
+            ScriptCall::Whole => args.arg("EVAL").arg(self.compact()),
+        };
     }
 
     /// The start of a call: `EVALSHA <sha>` or `EVAL <source>`.

@@ -1,28 +1,23 @@
-//! One `XADD` per event, with IDMP or without dedupe: the commands of a chunk that the markers'
-//! script does not write.
+//! One `XADD` per event, without dedupe: the commands of a chunk that no script writes.
 //!
 //! A chunk sends a thousand of these, so each is written straight into the round trip's buffer
-//! (`resp.rs`), with what events share (the stream key of a run of one topic, the producer of a
-//! lane group) made once per chunk and the numbers and timestamps written in place: the relay's
-//! Redis thread spends its time here, beside the main thread on the same cores.
+//! (`resp.rs`), with the stream key of a run of one topic made once per run and the numbers and
+//! timestamps written in place: the relay's Redis thread spends its time here, beside the main
+//! thread on the same cores.
 
 use crate::encode::{rfc3339_arg, stream_key, Event};
-use crate::idmp;
 use crate::resp::{Args, Packed};
 use crate::target::Target;
 
-/// Writes the chunk's `XADD`s into `out`, one per event in order; `idmp` adds `NOMKSTREAM` and
-/// the event's identity, `trim` writes the trimming arguments. `stream_seen` is told each
-/// event's stream key.
+/// Writes the chunk's `XADD`s into `out`, one per event in order; `trim` writes the trimming
+/// arguments. `stream_seen` is told each event's stream key.
 pub fn build(
     out: &mut Packed,
     events: &[Event],
     target: &Target,
-    idmp: bool,
     trim: impl Fn(&mut Args<'_>),
     mut stream_seen: impl FnMut(&str),
 ) {
-    let mut producers: Vec<Option<String>> = Vec::new();
     let mut stream = String::new();
     let mut topic: Option<&str> = None;
     for event in events {
@@ -33,21 +28,7 @@ pub fn build(
         stream_seen(&stream);
         out.command(|cmd| {
             cmd.arg("XADD").arg(&stream);
-            if idmp {
-                // A stream created by XADD would have Redis's default window: see `missing`.
-                cmd.arg("NOMKSTREAM");
-            }
             trim(cmd);
-            if idmp {
-                let group = usize::from(event.group);
-                if producers.len() <= group {
-                    producers.resize(group + 1, None);
-                }
-                let producer = producers[group]
-                    .get_or_insert_with(|| idmp::producer(&target.marker_namespace, event.group));
-                cmd.arg("IDMP").arg(producer.as_str());
-                idmp::identity_arg(cmd, event.id, event.created_at);
-            }
             cmd.arg("*");
             write_fields(cmd, event);
         });
