@@ -482,9 +482,18 @@ impl Servers {
         if let Some(value) = replacement {
             pipe.cmd("SET").arg(stream).arg(value).ignore();
         }
-        let (entries,): (Vec<(String, HashMap<String, String>)>,) = pipe
-            .query(&mut self.redis.conn())
-            .unwrap_or_else(|e| panic!("cannot delete {stream}: {e}"));
+        // A Redis just restarted answers LOADING until it has read its data back.
+        let mut tries = 0;
+        let (entries,): (Vec<(String, HashMap<String, String>)>,) = loop {
+            tries += 1;
+            match pipe.query(&mut self.redis.conn()) {
+                Ok(entries) => break entries,
+                Err(e) if tries < 300 && e.to_string().contains("loading the dataset") => {
+                    thread::sleep(Duration::from_millis(100))
+                }
+                Err(e) => panic!("cannot delete {stream}: {e}"),
+            }
+        };
         let tokens: Vec<String> = entries
             .iter()
             .filter_map(|(_, fields)| token_of(fields.get("payload")?))
