@@ -84,7 +84,22 @@ pub fn wait_latch(timeout: Duration) -> bool {
         if set {
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
+        absorb_barriers();
         set
+    }
+}
+
+/// Absorbs a ProcSignalBarrier that PostgreSQL has raised, as `CHECK_FOR_INTERRUPTS` in a query
+/// would: the process that raised it waits until every process has (PostgreSQL 19's promotion
+/// of a standby, `DROP DATABASE`'s release of files), and a worker that only waits on its latch
+/// (on a standby, say) runs no query. The signal sets the latch, so a wait ends to come here.
+fn absorb_barriers() {
+    // SAFETY: the flag is set by the SIGUSR1 handler; absorbing is what ProcessInterrupts does
+    // with it, on this process's main thread.
+    unsafe {
+        if std::ptr::read_volatile(&raw const pg_sys::ProcSignalBarrierPending) != 0 {
+            pg_sys::ProcessProcSignalBarrier();
+        }
     }
 }
 
