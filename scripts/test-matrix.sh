@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite on every PostgreSQL major that is tested here (15, 16, 17 and 18), one after the
+# The test suite on every PostgreSQL major that is tested here (15 to 19), one after the
 # other; each installs what it needs first. The first runs the whole suite; the others run what
 # depends on the major (lib.sh's ONCE_TESTS run once). Builds share the target directory, so only
 # the parts that differ between majors are compiled again. Ends with the tests counted over all

@@ -1,4 +1,4 @@
-//! What differs between the PostgreSQL majors the extension builds for (15 to 18), in one place:
+//! What differs between the PostgreSQL majors the extension builds for (15 to 19), in one place:
 //! each function here has one body per range of majors, chosen by the `pgNN` feature, and the
 //! rest of the code calls it without knowing the major.
 
@@ -12,12 +12,12 @@ pub unsafe fn attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::FormDat
     // SAFETY: guaranteed by the caller.
     unsafe {
         let natts = (*tupdesc).natts.max(0) as usize;
-        #[cfg(not(feature = "pg18"))]
+        #[cfg(not(any(feature = "pg18", feature = "pg19")))]
         {
             (*tupdesc).attrs.as_slice(natts)
         }
         // From 18 on, the full attributes follow an array of compact ones.
-        #[cfg(feature = "pg18")]
+        #[cfg(any(feature = "pg18", feature = "pg19"))]
         {
             let first = (*tupdesc)
                 .compact_attrs
@@ -45,9 +45,9 @@ pub unsafe fn init_range_table(estate: *mut pg_sys::EState, rte: *mut pg_sys::Ra
         {
             let mut permissions: *mut pg_sys::List = std::ptr::null_mut();
             pg_sys::addRTEPermissionInfo(&mut permissions, rte);
-            #[cfg(not(feature = "pg18"))]
+            #[cfg(not(any(feature = "pg18", feature = "pg19")))]
             pg_sys::ExecInitRangeTable(estate, range_table, permissions);
-            #[cfg(feature = "pg18")]
+            #[cfg(any(feature = "pg18", feature = "pg19"))]
             pg_sys::ExecInitRangeTable(
                 estate,
                 range_table,
@@ -111,7 +111,7 @@ pub fn acl_insert() -> pg_sys::AclMode {
 pub fn proc_exit(code: i32) -> ! {
     // SAFETY: ends the process; its exit callbacks run as for any proc_exit.
     unsafe { pg_sys::proc_exit(code) };
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     unreachable!("proc_exit returned")
 }
 

@@ -22,12 +22,6 @@ use pgrx::prelude::*;
 use super::backend::{self, BackendLocal};
 use crate::gucs;
 
-extern "C-unwind" {
-    /// What `pg_notify` calls once it has its arguments as C strings. pgrx binds no header that
-    /// declares it, so calls go through `pg_guard_ffi_boundary`.
-    fn Async_Notify(channel: *const c_char, payload: *const c_char);
-}
-
 /// The topics the current transaction wrote events to, while the channel was set.
 static TOPICS: BackendLocal<RefCell<Option<HashSet<Vec<u8>>>>> =
     BackendLocal::new(RefCell::new(None));
@@ -84,14 +78,11 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
                 let Ok(payload) = CString::new(topic) else {
                     continue;
                 };
-                // SAFETY: two NUL-terminated strings, which Async_Notify copies; an ERROR (a
-                // channel the setting's check let through but NOTIFY refuses) becomes a Rust
-                // panic here and fails the commit, as pg_notify's would have failed the call.
-                unsafe {
-                    pg_sys::ffi::pg_guard_ffi_boundary(|| {
-                        Async_Notify(channel, payload.as_ptr());
-                    })
-                };
+                // SAFETY: two NUL-terminated strings, which Async_Notify (what `pg_notify`
+                // calls once it has its arguments as C strings) copies; an ERROR (a channel
+                // the setting's check let through but NOTIFY refuses) becomes a Rust panic in
+                // pgrx's binding and fails the commit, as pg_notify's would have failed the call.
+                unsafe { pg_sys::Async_Notify(channel, payload.as_ptr()) };
             }
         }
         XACT_EVENT_PRE_PREPARE | XACT_EVENT_ABORT | XACT_EVENT_COMMIT | XACT_EVENT_PREPARE => {

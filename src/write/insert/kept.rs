@@ -74,6 +74,9 @@ unsafe extern "C-unwind" fn not_built_in(function: pg_sys::Oid, _context: *mut c
     }
     // SAFETY: a catalog lookup by OID, released before returning.
     unsafe {
+        // Up to 18 the cache numbers are unsigned and the function takes an int; from 19 on both
+        // are ints.
+        #[allow(clippy::unnecessary_cast)]
         let tuple = pg_sys::SearchSysCache1(
             pg_sys::SysCacheIdentifier::PROCOID as i32,
             pg_sys::Datum::from(function),

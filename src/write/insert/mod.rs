@@ -55,11 +55,9 @@ pub use delayed::insert_delayed;
 pub use extra::Extra;
 
 extern "C-unwind" {
-    /// `nextval()` without the function-call wrapper; `check_permissions` as `nextval` checks.
-    /// pgrx binds no header that declares it, so calls go through `pg_guard_ffi_boundary`.
-    fn nextval_internal(relid: pg_sys::Oid, check_permissions: bool) -> i64;
     /// The partition constraint of `rel`, a copy in the current memory context (NIL for a
-    /// table that is not a partition). Not bound by pgrx either.
+    /// table that is not a partition). pgrx binds no header that declares it, so calls go
+    /// through `pg_guard_ffi_boundary`.
     fn RelationGetPartitionQual(rel: pg_sys::Relation) -> *mut pg_sys::List;
 }
 
@@ -69,8 +67,9 @@ extern "C-unwind" {
 /// # Safety
 /// Must run inside a transaction; `sequence` must be a sequence's OID.
 pub(super) unsafe fn nextval(sequence: pg_sys::Oid) -> i64 {
-    // SAFETY: guaranteed by the caller; an ERROR becomes a Rust panic at the boundary.
-    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, false)) }
+    // SAFETY: guaranteed by the caller; pgrx's binding turns an ERROR into a Rust panic. Without
+    // the function-call wrapper and with `check_permissions` false, as `nextval` is to its owner.
+    unsafe { pg_sys::nextval_internal(sequence, false) }
 }
 
 /// The current target, if one was built.
