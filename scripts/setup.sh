@@ -64,7 +64,7 @@ if [ -n "$RUST_FROM_DEBIAN" ]; then
   fi
   if [ -n "${RUSTUP_TOOLCHAIN:-}" ] && ! rustup run "$RUSTUP_TOOLCHAIN" rustc --version >/dev/null 2>&1; then
     say "Linking Debian's Rust in /usr into rustup as the toolchain $RUSTUP_TOOLCHAIN"
-    rustup toolchain link "$RUSTUP_TOOLCHAIN" /usr
+    env -u RUSTUP_TOOLCHAIN rustup toolchain link "$RUSTUP_TOOLCHAIN" /usr
   fi
   say "Using $(rustc --version)"
 fi
