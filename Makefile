@@ -1,7 +1,7 @@
 # The two commands of the README, and a few more for development.
 # PG=16 (or PG_CONFIG=/path/to/pg_config) picks one PostgreSQL; without either, `make test`
 # runs the whole suite on every major tested here (15 to 19).
-.PHONY: demo test test-matrix bench faults install package lint docs
+.PHONY: demo test test-matrix installcheck bench faults install package lint docs
 
 demo:        ## Enqueue events on throwaway servers and watch them arrive in Redis (PACKAGE=1: from the .deb)
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" PACKAGE="$(PACKAGE)" scripts/demo.sh
@@ -12,6 +12,10 @@ test:        ## Every test: lints, unit tests, integration tests against real se
 
 test-matrix: ## The suite on PostgreSQL 15 to 19, one after the other
 	scripts/test-matrix.sh
+
+installcheck: ## pg_regress and isolation specs (tests/regress, tests/isolation) on a throwaway server
+	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh && \
+	  PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/installcheck.sh
 
 faults:      ## Faults at random against real servers: SEED=n (random if unset) MINUTES=m (10 if unset)
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" SEED="$(SEED)" MINUTES="$(MINUTES)" scripts/faults.sh

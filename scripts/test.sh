@@ -36,6 +36,9 @@ fi
 # The Redis-facing tests again against the other servers the relay supports (the run above used
 # Debian's Redis 7.0): Redis 6.2, Redis 8.6 (IDMP, ACKED trimming, XACKDEL) and Valkey 9.1,
 # fetched by scripts/fetch-redis.sh. Once per matrix: on Debian's 15, or with REDIS_MATRIX=1.
+say "The SQL surface in pg_regress and isolation specs (scripts/installcheck.sh)"
+"$here/installcheck.sh"
+
 if [ "${REDIS_MATRIX:-}" = 1 ] || { [ -z "${REDIS_MATRIX:-}" ] && [ "$PG_MAJOR" = 15 ]; }; then
   for server in redis6 redis valkey; do
     say "Fetching the $server server if it is not here yet ($REDIS_NEXT $server)"
