@@ -254,6 +254,65 @@ fn an_upgrade_to_idmp_with_a_chunk_in_doubt_publishes_it_once() {
     );
 }
 
+/// `outbox.dedupe` switched from IDMP to markers by a reload while a chunk sent with IDMP is in
+/// doubt (Redis ran it, the proxy swallowed the reply): markers would not see IDMP's record, so
+/// the chunk goes again with IDMP, and the switch waits for the commit after it. Every event is
+/// in its stream once. Needs a server with IDMP; on the others the test says so and passes.
+#[test]
+fn a_reload_to_markers_with_an_idmp_chunk_in_doubt_publishes_it_once() {
+    let redis = Redis::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
+    if !redis.has_idmp() {
+        eprintln!("not run: {} has no IDMP", common::redis_server());
+        return;
+    }
+    let proxy = common::proxy::Proxy::start(redis.port);
+    let url = proxy.url();
+    let mut pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_timeout", "1s"),
+        ("outbox.poll_interval", "100ms"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut ids = enqueue_many(&mut client, "switched", 1);
+    assert!(wait_until(Duration::from_secs(10), || redis
+        .xlen("switched")
+        == 1));
+    assert_eq!(dedupe_shown(&pg).as_deref(), Some("idmp"));
+
+    proxy.swallow_replies(true);
+    ids.extend(enqueue_many(&mut client, "switched", 40));
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("switched") == 41),
+        "the chunk did not reach Redis"
+    );
+    pg.set(&[("outbox.dedupe", "markers")]);
+    assert!(wait_until(Duration::from_secs(20), || {
+        pg.log()
+            .lines()
+            .any(|l| l.contains("reloaded") && l.contains("dedupe=markers"))
+    }));
+    proxy.swallow_replies(false);
+    proxy.cut();
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "the chunk was not published again after the reload"
+    );
+    ids.extend(enqueue_many(&mut client, "switched", 5));
+    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
+    assert_eq!(
+        redis.ids("switched"),
+        ids,
+        "the chunk in doubt went out twice"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || dedupe_shown(&pg).as_deref()
+            == Some("markers")),
+        "the relay did not switch to markers after the commit: {:?}",
+        dedupe_shown(&pg)
+    );
+}
+
 /// Memory full when a round trip begins and freed in its middle: Redis refuses the commands it
 /// reads first (OOM) and runs those that arrive after. The proxy stops the relay's commands in
 /// the middle of one key's events while the test frees the memory. A stream's share of a chunk

@@ -129,7 +129,9 @@ pub fn choose_with_doubt(
     let chosen = choose(setting, features);
     match (in_doubt, &chosen) {
         (Some(InUse::Markers), Ok(InUse::Idmp)) => Ok(InUse::Markers),
-        (Some(InUse::Idmp), Ok(InUse::Markers) | Err(_)) if !features.known => Ok(InUse::Idmp),
+        (Some(InUse::Idmp), Ok(InUse::Markers) | Err(_)) if !features.known || features.idmp => {
+            Ok(InUse::Idmp)
+        }
         _ => chosen,
     }
 }
@@ -157,6 +159,15 @@ mod tests {
         );
         assert_eq!(
             choose_with_doubt(Dedupe::Idmp, &upgraded, markers),
+            Ok(InUse::Markers)
+        );
+        // Switched to markers by a reload under a chunk sent with IDMP: IDMP until the commit.
+        assert_eq!(
+            choose_with_doubt(Dedupe::Markers, &upgraded, idmp),
+            Ok(InUse::Idmp)
+        );
+        assert_eq!(
+            choose_with_doubt(Dedupe::Markers, &upgraded, None),
             Ok(InUse::Markers)
         );
         // A reconnect that could not read INFO keeps IDMP for what it sent.
