@@ -49,13 +49,20 @@ shlibs="$(
   cd "$work" && mkdir -p debian && printf 'Source: outbox\n\nPackage: %s\nArchitecture: any\n' "$name" >debian/control \
     && dpkg-shlibdeps -O "root/usr/lib/postgresql/$PG_MAJOR/lib/outbox.so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p'
 )"
+# pgrx checks a composite row's version with heap_datum_check where the headers it builds
+# against have it (the minors of November 2026 on: 15.20, 17.12, ...). A library that calls it
+# loads only on that minor and later; ours does not call it today, and the package would say so.
+depends="postgresql-$PG_MAJOR"
+if nm -D --undefined-only "$libdir/outbox.so" | grep -qw heap_datum_check; then
+  depends="postgresql-$PG_MAJOR (>= $("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+\.[0-9]+).*/\1/'))"
+fi
 size="$(du -sk --exclude=DEBIAN "$root" | cut -f1)"
 cat >"$root/DEBIAN/control" <<EOF
 Package: $name
 Version: $version
 Architecture: $arch
 Maintainer: outbox maintainers <outbox@localhost>
-Depends: postgresql-$PG_MAJOR${shlibs:+, $shlibs}
+Depends: $depends${shlibs:+, $shlibs}
 Section: database
 Priority: optional
 Installed-Size: $size
