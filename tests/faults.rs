@@ -33,6 +33,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::proxy::Proxy;
+use common::topology::Cluster;
 use common::{wait_until, Pg, Redis};
 
 const TOPICS: usize = 4;
@@ -88,10 +89,11 @@ enum Fault {
     SlowLink,
     MemoryFull,
     UpgradeRedis,
+    Reshard,
 }
 
 /// Each fault with its weight.
-const FAULTS: [(Fault, u64); 14] = [
+const FAULTS: [(Fault, u64); 15] = [
     (Fault::KillWorker, 2),
     (Fault::CrashPostgres, 1),
     (Fault::RestartPostgres, 1),
@@ -106,25 +108,21 @@ const FAULTS: [(Fault, u64); 14] = [
     (Fault::SlowLink, 2),
     (Fault::MemoryFull, 1),
     (Fault::UpgradeRedis, 1),
+    (Fault::Reshard, 2),
 ];
 
 impl Fault {
-    /// A fault drawn by weight, among those that can happen now: an upgrade only while there is
-    /// one to make.
-    fn draw(rng: &mut Rng, upgradable: bool) -> Fault {
-        let possible: Vec<(Fault, u64)> = FAULTS
-            .into_iter()
-            .filter(|(fault, _)| upgradable || *fault != Fault::UpgradeRedis)
-            .collect();
+    /// A fault drawn by weight among `possible` (see [`Servers::draw`]).
+    fn draw(rng: &mut Rng, possible: &[(Fault, u64)]) -> Fault {
         let total: u64 = possible.iter().map(|(_, weight)| weight).sum();
         let mut at = rng.below(total);
-        for (fault, weight) in possible {
+        for &(fault, weight) in possible {
             if at < weight {
                 return fault;
             }
             at -= weight;
         }
-        Fault::Cut
+        Fault::KillWorker
     }
 }
 
@@ -175,14 +173,17 @@ struct Report {
     events: usize,
     violations: Vec<String>,
     schedule: Vec<(Duration, Fault, String)>,
+    /// What the relay logged of its state changes (the worker's own lines), for a violation.
+    relay_log: Vec<String>,
 }
 
 impl Report {
     fn summary(&self) -> String {
         format!(
-            "seed {}: {} events in {} committed transactions ({} rolled back, {} unknown); \
-             faults {:?}; {} violations",
+            "seed {} ({:?}): {} events in {} committed transactions ({} rolled back, {} \
+             unknown); faults {:?}; {} violations",
             self.seed,
+            Topology::of(self.seed),
             self.events,
             self.committed,
             self.rolled_back,
@@ -298,45 +299,185 @@ fn write(port: u16, writer: usize, seed: u64, stop: Arc<AtomicBool>, history: Ar
     }
 }
 
-/// The campaign's servers: PostgreSQL relaying through the proxy to Redis.
+/// Where a schedule's relay publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Topology {
+    /// One Redis, behind the proxy.
+    Standalone,
+    /// A Redis Cluster of 3 primaries with a replica each, which the relay reaches directly
+    /// and waits on (`outbox.redis_wait_replicas = 1`), so that a failover loses nothing.
+    Cluster,
+}
+
+impl Topology {
+    /// Even seeds run on one Redis, odd ones on a cluster.
+    fn of(seed: u64) -> Topology {
+        if seed.is_multiple_of(2) {
+            Topology::Standalone
+        } else {
+            Topology::Cluster
+        }
+    }
+}
+
+/// The Redis side of a schedule.
+enum Backend {
+    Single { redis: Redis, proxy: Proxy },
+    Cluster(Cluster),
+}
+
+/// Takes a stream's entries and deletes it (putting the string ARGV[1] in its place, if not
+/// empty) in one step, so that nothing the relay adds meanwhile goes unseen; on a cluster too.
+const DELETE_STREAM: &str = "local entries = redis.call('XRANGE', KEYS[1], '-', '+') \
+    redis.call('DEL', KEYS[1]) \
+    if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1]) end \
+    return entries";
+
+impl Backend {
+    /// Runs `cmd` on Redis (on a cluster, on the primary of its key), once more after a moment
+    /// while a restarted server is loading or a cluster is settling.
+    fn run<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let result = match self {
+                Backend::Single { redis, .. } => cmd.query(&mut redis.conn()),
+                Backend::Cluster(cluster) => cluster.run(cmd),
+            };
+            match result {
+                Ok(value) => return value,
+                Err(_) if tries < 300 => thread::sleep(Duration::from_millis(100)),
+                Err(e) => panic!("{cmd:?} failed: {e}"),
+            }
+        }
+    }
+
+    /// Runs `cmd` on every running server (every node of a cluster).
+    fn on_every_node(&self, cmd: &redis::Cmd) {
+        match self {
+            Backend::Single { redis, .. } => {
+                let _: redis::Value = redis.query(cmd);
+            }
+            Backend::Cluster(cluster) => {
+                for node in cluster.nodes.iter().filter(|n| n.is_running()) {
+                    let _: redis::RedisResult<redis::Value> = node.query(cmd);
+                }
+            }
+        }
+    }
+
+    fn entries(&self, stream: &str) -> Vec<(String, HashMap<String, String>)> {
+        match self {
+            Backend::Single { redis, .. } => redis.entries(stream),
+            Backend::Cluster(_) => {
+                let reply: Vec<(String, Vec<String>)> =
+                    self.run(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"));
+                reply
+                    .into_iter()
+                    .map(|(id, flat)| {
+                        let fields = flat
+                            .chunks(2)
+                            .map(|kv| (kv[0].clone(), kv[1].clone()))
+                            .collect();
+                        (id, fields)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn has_idmp(&self) -> bool {
+        match self {
+            Backend::Single { redis, .. } => redis.has_idmp(),
+            Backend::Cluster(cluster) => cluster.has_idmp(),
+        }
+    }
+
+    fn proxy(&self) -> Option<&Proxy> {
+        match self {
+            Backend::Single { proxy, .. } => Some(proxy),
+            Backend::Cluster(_) => None,
+        }
+    }
+}
+
+/// The campaign's servers: PostgreSQL relaying to Redis (through the proxy, for one server).
 struct Servers {
     pg: Pg,
-    redis: Redis,
-    proxy: Proxy,
+    backend: Backend,
     idmp: bool,
-    /// Where the server under test has IDMP and Debian's Redis 7.0 has not, the schedule starts
-    /// on 7.0 and may upgrade it in place to this program once.
+    /// Where the server under test has IDMP and Debian's Redis 7.0 has not, a standalone
+    /// schedule starts on 7.0 and may upgrade it in place to this program once.
     upgrade_to: Option<String>,
 }
 
 impl Servers {
-    fn start() -> Servers {
-        let persistent = ["--appendonly", "yes", "--appendfsync", "always"];
-        let upgrade_to = common::idmp_upgrade_target();
-        let redis = match upgrade_to {
-            Some(_) => Redis::start_program("redis-server", &persistent),
-            None => Redis::start_with_args(&persistent),
-        };
-        let idmp = redis.has_idmp();
-        let proxy = Proxy::start(redis.port);
-        let url = proxy.url();
-        let pg = Pg::start(&[
-            ("outbox.redis_url", url.as_str()),
+    fn start(topology: Topology) -> Servers {
+        let settings = [
             ("outbox.redis_timeout", "1s"),
             ("outbox.poll_interval", "100ms"),
             ("outbox.max_attempts", "1000"),
             ("outbox.workers", "2"),
             ("outbox.batch_size", "100"),
-        ]);
+        ];
+        let (backend, upgrade_to, pg) = match topology {
+            Topology::Standalone => {
+                let persistent = ["--appendonly", "yes", "--appendfsync", "always"];
+                let upgrade_to = common::idmp_upgrade_target();
+                let redis = match upgrade_to {
+                    Some(_) => Redis::start_program("redis-server", &persistent),
+                    None => Redis::start_with_args(&persistent),
+                };
+                let proxy = Proxy::start(redis.port);
+                let url = proxy.url();
+                let mut all = settings.to_vec();
+                all.push(("outbox.redis_url", url.as_str()));
+                let pg = Pg::start(&all);
+                (Backend::Single { redis, proxy }, upgrade_to, pg)
+            }
+            Topology::Cluster => {
+                let cluster = Cluster::start_persistent(3);
+                let urls = cluster.urls();
+                let mut all = settings.to_vec();
+                all.extend([
+                    ("outbox.redis_url", urls.as_str()),
+                    ("outbox.redis_mode", "cluster"),
+                    ("outbox.redis_wait_replicas", "1"),
+                ]);
+                let pg = Pg::start(&all);
+                (Backend::Cluster(cluster), None, pg)
+            }
+        };
         pg.with_extension();
         pg.wait_for_workers(2);
+        let idmp = backend.has_idmp();
         Servers {
             pg,
-            redis,
-            proxy,
+            backend,
             idmp,
             upgrade_to,
         }
+    }
+
+    /// A fault drawn by weight among those this schedule's servers can take now.
+    fn draw(&self, rng: &mut Rng) -> Fault {
+        let cluster = matches!(self.backend, Backend::Cluster(_));
+        let possible: Vec<(Fault, u64)> = FAULTS
+            .into_iter()
+            .filter(|(fault, _)| match fault {
+                Fault::UpgradeRedis => self.upgrade_to.is_some(),
+                Fault::SwallowAndCut | Fault::Cut | Fault::SlowLink => !cluster,
+                Fault::Reshard => cluster,
+                _ => true,
+            })
+            .collect();
+        Fault::draw(rng, &possible)
+    }
+
+    /// A primary of the cluster drawn from `rng`: its port.
+    fn some_primary(cluster: &Cluster, rng: &mut Rng) -> Option<u16> {
+        let primaries = cluster.primaries();
+        (!primaries.is_empty()).then(|| primaries[rng.below(primaries.len() as u64) as usize].1)
     }
 
     /// Applies `fault`, drawing what it needs from `rng`; returns what it did.
@@ -358,21 +499,63 @@ impl Servers {
                 "PostgreSQL stopped fast and started".into()
             }
             Fault::KillRedis => {
-                self.redis.stop();
                 let down = rng.between_ms(100, 1500);
-                thread::sleep(down);
-                self.redis.start_again();
-                format!("Redis killed, down {down:?}")
+                match &mut self.backend {
+                    Backend::Single { redis, .. } => {
+                        redis.stop();
+                        thread::sleep(down);
+                        redis.start_again();
+                        format!("Redis killed, down {down:?}")
+                    }
+                    // A primary killed comes back on its data as a replica, once its replica
+                    // has taken over.
+                    Backend::Cluster(cluster) => {
+                        let Some(port) = Servers::some_primary(cluster, rng) else {
+                            return "no primary to kill".into();
+                        };
+                        cluster.node_on(port).kill();
+                        thread::sleep(down);
+                        let failed_over = wait_until(Duration::from_secs(30), || {
+                            let primaries = cluster.primaries();
+                            primaries.len() == 3 && primaries.iter().all(|p| p.1 != port)
+                        });
+                        cluster.wait_ok();
+                        cluster.node_on(port).start_again();
+                        format!(
+                            "primary {port} killed, back {}",
+                            if failed_over {
+                                "after its failover"
+                            } else {
+                                "without a failover within 30 s"
+                            }
+                        )
+                    }
+                }
             }
             Fault::FreezeRedis => {
-                self.redis.pause();
                 let frozen = rng.between_ms(1200, 3000);
-                thread::sleep(frozen);
-                self.redis.resume();
-                format!("Redis frozen {frozen:?}")
+                match &self.backend {
+                    Backend::Single { redis, .. } => {
+                        redis.pause();
+                        thread::sleep(frozen);
+                        redis.resume();
+                        format!("Redis frozen {frozen:?}")
+                    }
+                    // Past cluster-node-timeout (1 s): its replica takes over meanwhile.
+                    Backend::Cluster(cluster) => {
+                        let Some(port) = Servers::some_primary(cluster, rng) else {
+                            return "no primary to freeze".into();
+                        };
+                        let node = cluster.nodes.iter().find(|n| n.port == port).unwrap();
+                        node.signal("-STOP");
+                        thread::sleep(frozen);
+                        node.signal("-CONT");
+                        format!("primary {port} frozen {frozen:?}")
+                    }
+                }
             }
             Fault::KillClients => {
-                let killed: i64 = self.redis.query(
+                self.backend.on_every_node(
                     redis::cmd("CLIENT")
                         .arg("KILL")
                         .arg("TYPE")
@@ -380,74 +563,121 @@ impl Servers {
                         .arg("SKIPME")
                         .arg("yes"),
                 );
-                format!("CLIENT KILL: {killed} clients")
+                "CLIENT KILL of every normal client".into()
             }
             Fault::SwallowAndCut => {
-                self.proxy.swallow_replies(true);
+                let proxy = self.backend.proxy().expect("no proxy on a cluster");
+                proxy.swallow_replies(true);
                 let swallowed = rng.between_ms(100, 1500);
                 thread::sleep(swallowed);
-                self.proxy.cut();
-                self.proxy.swallow_replies(false);
+                proxy.cut();
+                proxy.swallow_replies(false);
                 format!("replies swallowed {swallowed:?}, then the link cut")
             }
             Fault::Cut => {
-                self.proxy.cut();
+                self.backend.proxy().expect("no proxy on a cluster").cut();
                 "the link cut".into()
             }
             Fault::DeleteStream => {
                 let stream = topic(rng.below(TOPICS as u64) as usize);
-                let kept = self.delete(&stream, None, history);
+                let kept = self.delete(&stream, "", history);
                 format!("stream {stream} deleted with {kept} entries")
             }
             Fault::StreamToString => {
                 let stream = topic(rng.below(TOPICS as u64) as usize);
                 history.refused.lock().unwrap().insert(stream.clone());
-                let kept = self.delete(&stream, Some("not a stream"), history);
+                let kept = self.delete(&stream, "not a stream", history);
                 let refused = rng.between_ms(300, 2000);
                 thread::sleep(refused);
-                let _: () = self.redis.query(redis::cmd("DEL").arg(&stream));
+                let _: i64 = self.backend.run(redis::cmd("DEL").arg(&stream));
                 format!("stream {stream} ({kept} entries) replaced by a string for {refused:?}")
             }
             Fault::SlowLink => {
+                let proxy = self.backend.proxy().expect("no proxy on a cluster");
                 let delay = rng.between_ms(20, 400);
                 let slow = rng.between_ms(500, 3000);
-                self.proxy.delay_replies(delay);
+                proxy.delay_replies(delay);
                 thread::sleep(slow);
-                self.proxy.delay_replies(Duration::ZERO);
+                proxy.delay_replies(Duration::ZERO);
                 format!("replies held back {delay:?} each for {slow:?}")
             }
             Fault::MemoryFull => {
-                // Full from the next write on: the limit is what Redis uses now.
-                let info: String = self.redis.query(redis::cmd("INFO").arg("memory"));
-                let used = info
-                    .lines()
-                    .find_map(|line| line.strip_prefix("used_memory:"))
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-                    .unwrap_or(1 << 20);
-                let _: () = self.redis.query(
-                    redis::cmd("CONFIG")
+                // Full from the next write on: each node's limit is what it uses now.
+                let nodes: Vec<u16> = match &self.backend {
+                    Backend::Single { redis, .. } => vec![redis.port],
+                    Backend::Cluster(cluster) => cluster
+                        .primaries()
+                        .iter()
+                        .map(|(_, port, _)| *port)
+                        .collect(),
+                };
+                for &port in &nodes {
+                    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    else {
+                        continue;
+                    };
+                    let Ok(mut conn) = client.get_connection() else {
+                        continue;
+                    };
+                    let info: String = redis::cmd("INFO")
+                        .arg("memory")
+                        .query(&mut conn)
+                        .unwrap_or_default();
+                    let used = info
+                        .lines()
+                        .find_map(|line| line.strip_prefix("used_memory:"))
+                        .and_then(|n| n.trim().parse::<u64>().ok())
+                        .unwrap_or(1 << 20);
+                    let _: redis::RedisResult<()> = redis::cmd("CONFIG")
                         .arg("SET")
                         .arg("maxmemory-policy")
-                        .arg("noeviction"),
-                );
-                let _: () = self
-                    .redis
-                    .query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(used));
+                        .arg("noeviction")
+                        .arg("maxmemory")
+                        .arg(used)
+                        .query(&mut conn);
+                }
                 let full = rng.between_ms(300, 2000);
                 thread::sleep(full);
-                let _: () = self
-                    .redis
-                    .query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0));
-                format!("Redis memory full for {full:?}")
+                self.backend
+                    .on_every_node(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0));
+                format!("Redis memory full for {full:?} on {nodes:?}")
             }
-            Fault::UpgradeRedis => match self.upgrade_to.take() {
-                Some(program) => {
-                    self.redis.upgrade_to(&program);
-                    self.idmp = self.redis.has_idmp();
+            Fault::UpgradeRedis => match (self.upgrade_to.take(), &mut self.backend) {
+                (Some(program), Backend::Single { redis, .. }) => {
+                    redis.upgrade_to(&program);
+                    self.idmp = redis.has_idmp();
                     format!("Redis upgraded in place to {program}")
                 }
-                None => "no upgrade to make".into(),
+                _ => "no upgrade to make".into(),
             },
+            Fault::Reshard => {
+                let Backend::Cluster(cluster) = &self.backend else {
+                    return "no cluster to reshard".into();
+                };
+                cluster.wait_ok();
+                let primaries = cluster.primaries();
+                if primaries.len() < 2 {
+                    return "no two primaries to reshard between".into();
+                }
+                let from = rng.below(primaries.len() as u64) as usize;
+                let to =
+                    (from + 1 + rng.below(primaries.len() as u64 - 1) as usize) % primaries.len();
+                let slots = 1 + rng.below(primaries[from].2.min(2000) as u64);
+                let seed = cluster.nodes.iter().find(|n| n.is_running()).unwrap().port;
+                let done = std::process::Command::new("redis-cli")
+                    .args(["--cluster", "reshard", &format!("127.0.0.1:{seed}")])
+                    .args(["--cluster-from", &primaries[from].0])
+                    .args(["--cluster-to", &primaries[to].0])
+                    .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+                    .output()
+                    .is_ok_and(|out| out.status.success());
+                format!(
+                    "{slots} slots resharded from {} to {}{}",
+                    primaries[from].1,
+                    primaries[to].1,
+                    if done { "" } else { " (redis-cli failed)" }
+                )
+            }
             Fault::Reload => {
                 let batch = (1 + rng.below(500)).to_string();
                 let workers = (1 + rng.below(3)).to_string();
@@ -466,37 +696,22 @@ impl Servers {
         }
     }
 
-    /// Deletes `stream` (and puts the string `replacement` in its place), keeping what it held
-    /// in the history, in one MULTI so that nothing the relay adds meanwhile goes unseen;
-    /// returns how many entries it held.
-    fn delete(&self, stream: &str, replacement: Option<&str>, history: &History) -> usize {
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XRANGE")
-            .arg(stream)
-            .arg("-")
-            .arg("+")
-            .cmd("DEL")
-            .arg(stream)
-            .ignore();
-        if let Some(value) = replacement {
-            pipe.cmd("SET").arg(stream).arg(value).ignore();
-        }
-        // A Redis just restarted answers LOADING until it has read its data back.
-        let mut tries = 0;
-        let (entries,): (Vec<(String, HashMap<String, String>)>,) = loop {
-            tries += 1;
-            match pipe.query(&mut self.redis.conn()) {
-                Ok(entries) => break entries,
-                Err(e) if tries < 300 && e.to_string().contains("loading the dataset") => {
-                    thread::sleep(Duration::from_millis(100))
-                }
-                Err(e) => panic!("cannot delete {stream}: {e}"),
-            }
-        };
+    /// Deletes `stream` (and puts the string `replacement` in its place, unless empty), keeping
+    /// what it held in the history; returns how many entries it held.
+    fn delete(&self, stream: &str, replacement: &str, history: &History) -> usize {
+        let entries: Vec<(String, Vec<String>)> = self.backend.run(
+            redis::cmd("EVAL")
+                .arg(DELETE_STREAM)
+                .arg(1)
+                .arg(stream)
+                .arg(replacement),
+        );
         let tokens: Vec<String> = entries
             .iter()
-            .filter_map(|(_, fields)| token_of(fields.get("payload")?))
+            .filter_map(|(_, flat)| {
+                let at = flat.iter().position(|f| f == "payload")?;
+                token_of(flat.get(at + 1)?)
+            })
             .collect();
         let count = tokens.len();
         history
@@ -524,8 +739,8 @@ struct Entry {
 }
 
 /// A stream's entries in stream order; empty if it is not a stream.
-fn stream_entries(redis: &Redis, stream: &str) -> Vec<Entry> {
-    redis
+fn stream_entries(backend: &Backend, stream: &str) -> Vec<Entry> {
+    backend
         .entries(stream)
         .into_iter()
         .filter_map(|(_, fields)| {
@@ -541,7 +756,7 @@ fn stream_entries(redis: &Redis, stream: &str) -> Vec<Entry> {
 /// Runs one schedule of `length` from `seed`; returns what the checker found.
 fn campaign(seed: u64, length: Duration) -> Report {
     let mut rng = Rng::new(seed);
-    let mut servers = Servers::start();
+    let mut servers = Servers::start(Topology::of(seed));
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..WRITERS)
@@ -554,7 +769,7 @@ fn campaign(seed: u64, length: Duration) -> Report {
     let started = Instant::now();
     while started.elapsed() < length {
         thread::sleep(rng.between_ms(200, 1200));
-        let fault = Fault::draw(&mut rng, servers.upgrade_to.is_some());
+        let fault = servers.draw(&mut rng);
         let at = started.elapsed();
         let done = servers.inject(fault, &mut rng, &history);
         history.faults.lock().unwrap().push((at, fault, done));
@@ -592,7 +807,7 @@ fn check(seed: u64, servers: &Servers, history: &History, drained: bool) -> Repo
     let mut in_streams: HashMap<String, Vec<Entry>> = HashMap::new();
     for n in 0..TOPICS {
         let stream = topic(n);
-        let entries = stream_entries(&servers.redis, &stream);
+        let entries = stream_entries(&servers.backend, &stream);
         let set = delivered.entry(stream.clone()).or_default();
         set.extend(entries.iter().map(|entry| entry.token.clone()));
         set.extend(vanished.get(&stream).into_iter().flatten().cloned());
@@ -717,6 +932,11 @@ fn check(seed: u64, servers: &Servers, history: &History, drained: bool) -> Repo
     for (_, fault, _) in &schedule {
         *faults.entry(format!("{fault:?}")).or_insert(0) += 1;
     }
+    let relay_log = log
+        .lines()
+        .filter(|line| line.contains("outbox relay"))
+        .map(str::to_string)
+        .collect();
     Report {
         seed,
         faults,
@@ -726,6 +946,7 @@ fn check(seed: u64, servers: &Servers, history: &History, drained: bool) -> Repo
         events,
         violations,
         schedule,
+        relay_log,
     }
 }
 
@@ -740,9 +961,10 @@ fn run_and_judge(seed: u64, length: Duration) -> Report {
             .map(|(at, _, done)| format!("  {:>7.3} s  {done}", at.as_secs_f64()))
             .collect();
         panic!(
-            "seed {seed} (rerun: make faults SEED={seed}):\n{}\nschedule:\n{}",
+            "seed {seed} (rerun: make faults SEED={seed}):\n{}\nschedule:\n{}\nthe relay's log:\n{}",
             report.violations.join("\n"),
-            schedule.join("\n")
+            schedule.join("\n"),
+            report.relay_log.join("\n")
         );
     }
     report

@@ -104,6 +104,14 @@ impl Node {
         self.child.is_some()
     }
 
+    /// Freezes (`-STOP`) or thaws (`-CONT`) the node: its connections stay open, nothing is
+    /// answered meanwhile.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            run(Command::new("kill").args([signal, &child.id().to_string()]));
+        }
+    }
+
     pub fn conn(&self) -> redis::RedisResult<redis::Connection> {
         let auth = self
             .password
@@ -172,6 +180,19 @@ impl Cluster {
     }
 
     pub fn start(primaries: usize) -> Cluster {
+        Cluster::start_with(primaries, &["--appendonly", "no"])
+    }
+
+    /// A cluster whose nodes keep what they acknowledged on disk (`appendfsync always`), for a
+    /// test that restarts a node.
+    pub fn start_persistent(primaries: usize) -> Cluster {
+        Cluster::start_with(
+            primaries,
+            &["--appendonly", "yes", "--appendfsync", "always"],
+        )
+    }
+
+    fn start_with(primaries: usize, persistence: &[&str]) -> Cluster {
         let mut nodes = Vec::new();
         for _ in 0..primaries * 2 {
             let port = cluster_port();
@@ -195,10 +216,9 @@ impl Cluster {
                 "0",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
             ]
             .iter()
+            .chain(persistence)
             .map(|a| a.to_string())
             .collect();
             nodes.push(Node::start(port, dir, args));
@@ -349,6 +369,11 @@ impl Cluster {
     /// The `id` field of every entry of a stream, in stream order.
     pub fn ids(&self, stream: &str) -> Vec<i64> {
         stream_ids(stream, || self.client())
+    }
+
+    /// Runs `cmd` through a new cluster connection of the running nodes (routed by its key).
+    pub fn run<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        cmd.query(&mut self.client())
     }
 
     pub fn xlen(&self, stream: &str) -> usize {
