@@ -313,6 +313,68 @@ fn a_reload_to_markers_with_an_idmp_chunk_in_doubt_publishes_it_once() {
     );
 }
 
+/// A worker killed while a chunk it sent with markers is in doubt (Redis ran it, the proxy
+/// swallowed the reply), and `outbox.dedupe` switched to IDMP before the new process sends the
+/// chunk again: that process does not know how the chunk went. Where Redis has IDMP, markers
+/// record each event's IDMP identity too, so the chunk sent again with IDMP adds nothing twice.
+/// Needs a server with IDMP; on the others the test says so and passes.
+#[test]
+fn a_chunk_in_doubt_across_a_worker_crash_and_a_switch_goes_out_once() {
+    let redis = Redis::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
+    if !redis.has_idmp() {
+        eprintln!("not run: {} has no IDMP", common::redis_server());
+        return;
+    }
+    let proxy = common::proxy::Proxy::start(redis.port);
+    let url = proxy.url();
+    let mut pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_timeout", "1s"),
+        ("outbox.poll_interval", "100ms"),
+        ("outbox.dedupe", "markers"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut ids = enqueue_many(&mut client, "crossed", 1);
+    assert!(wait_until(Duration::from_secs(10), || redis
+        .xlen("crossed")
+        == 1));
+    assert_eq!(dedupe_shown(&pg).as_deref(), Some("markers"));
+
+    proxy.swallow_replies(true);
+    ids.extend(enqueue_many(&mut client, "crossed", 40));
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen("crossed") == 41),
+        "the chunk did not reach Redis"
+    );
+    pg.set(&[("outbox.dedupe", "auto")]);
+    assert!(wait_until(Duration::from_secs(20), || {
+        pg.log()
+            .lines()
+            .any(|l| l.contains("reloaded") && l.contains("dedupe=auto"))
+    }));
+    let pid = *pg.worker_pids().first().expect("no worker");
+    pg.kill9(pid);
+    proxy.swallow_replies(false);
+    let mut client = pg.connect();
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "the chunk was not published again after the crash"
+    );
+    ids.extend(enqueue_many(&mut client, "crossed", 5));
+    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
+    assert_eq!(
+        dedupe_shown(&pg).as_deref(),
+        Some("idmp"),
+        "the new process did not take IDMP"
+    );
+    assert_eq!(
+        redis.ids("crossed"),
+        ids,
+        "the chunk in doubt went out twice"
+    );
+}
+
 /// Memory full when a round trip begins and freed in its middle: Redis refuses the commands it
 /// reads first (OOM) and runs those that arrive after. The proxy stops the relay's commands in
 /// the middle of one key's events while the test frees the memory. A stream's share of a chunk

@@ -28,6 +28,9 @@ pub struct Connection {
     pub features: Features,
     /// Streams whose IDMP window this connection has seen to.
     configured: HashSet<String>,
+    /// Whether Redis refused to size a window (the user's ACL names no `XINFO` or `XCFGSET`):
+    /// markers then record no IDMP identity on this connection.
+    windows_refused: bool,
     /// How the last chunk was deduplicated.
     pub in_use: Option<InUse>,
     /// The last round trip's buffer, emptied, for the next.
@@ -58,6 +61,7 @@ fn connect(target: &Target) -> Result<Connection, String> {
         script_loaded: false,
         features,
         configured: HashSet::new(),
+        windows_refused: false,
         in_use: None,
         spare: Packed::default(),
     })
@@ -278,12 +282,27 @@ fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fai
     } else {
         ScriptCall::BySha
     };
+    // Markers record IDMP's identities too where every node has IDMP (see `Shape::idmp`), in
+    // windows of the size IDMP needs; a user who may not size them (the ACL the README gives for
+    // markers) deduplicates with markers alone.
+    let mut idmp_too =
+        in_use == InUse::Markers && connection.features.idmp && !connection.windows_refused;
     if in_use == InUse::Idmp {
         size_windows(connection, chunk)?;
+    } else if idmp_too {
+        match size_windows(connection, chunk) {
+            Ok(()) => {}
+            Err(Failed::Refused(_)) => {
+                connection.windows_refused = true;
+                idmp_too = false;
+            }
+            Err(broken) => return Err(broken),
+        }
     }
     let shape = Shape {
         dedupe: in_use,
         acked: target.stream_trim_acked && connection.features.acked,
+        idmp: idmp_too,
     };
     let built = pipeline::build(chunk, script, &shape, std::mem::take(&mut connection.spare));
     let layout = built.layout;

@@ -17,7 +17,9 @@
 -- KEYS[1]             the stream
 -- KEYS[2s], KEYS[2s+1] run s's marker hash of the current period, and of the period before
 -- ARGV[1]             MAXLEN ~ bound, 0 for none; followed by 'a' to trim with ACKED (Redis 8.2+:
---                     entries a consumer group has not acknowledged stay)
+--                     entries a consumer group has not acknowledged stay), then by 'i' where
+--                     Redis has IDMP: each XADD then carries the event's IDMP identity too, so
+--                     that IDMP knows an event the markers added (see below)
 -- ARGV[2]             when the current period's hashes expire, in Unix milliseconds
 -- ARGV[3]             the events' topic
 -- ARGV[4]             one character per event: '-' for neither key nor headers, 'k' for a
@@ -25,13 +27,16 @@
 -- ARGV[5]             the field this call's markers go to, unique to the call
 -- ARGV[4+2s], ARGV[5+2s] the number of events in run s, and its marker if every one is added
 -- then                the n event ids, in order
--- then                per event: its payload and created_at, then its key and its headers if
---                     it has them
+-- then                per event: its payload and created_at, with 'i' its IDMP producer and
+--                     identity, then its key and its headers if it has them
 -- Returns the events XADD refused: pairs of the event's position (from 1) and the error text
 -- (a string, not an error reply: a cluster client would fail the whole reply); an empty array
 -- when every event is in the stream. An event with a marker was added by an earlier call whose
--- transaction never committed: it is not added again.
-local bound, acked = string.match(ARGV[1], '^(%d+)(a?)$')
+-- transaction never committed: it is not added again. With 'i', an event that IDMP has seen
+-- (sent with IDMP by a relay process that died before its commit, the setting switched since)
+-- is not added again either: XADD answers the entry it added then.
+local bound, acked, idmp = string.match(ARGV[1], '^(%d+)(a?)(i?)$')
+idmp = idmp == 'i'
 local maxlen = tonumber(bound)
 local trim = acked == 'a' and 'ACKED' or nil
 local expires_at = ARGV[2]
@@ -114,6 +119,11 @@ for r = 1, runs do
     local payload, stamp = ARGV[field_at], ARGV[stamp_at]
     local shape = string.byte(shapes, e)
     field_at = field_at + 2
+    local producer, identity
+    if idmp then
+      producer, identity = ARGV[field_at], ARGV[field_at + 1]
+      field_at = field_at + 2
+    end
     local key, headers
     if shape == KEY or shape == BOTH then
       key = ARGV[field_at]
@@ -134,7 +144,7 @@ for r = 1, runs do
       added[k], added_stamps[k] = at, stamp_at
     else
       local entry
-      if key or headers then
+      if key or headers or idmp then
         local args = {'XADD', stream}
         if trim and maxlen > 0 then
           args[3], args[4], args[5], args[6] = trim, 'MAXLEN', '~', maxlen
@@ -142,6 +152,10 @@ for r = 1, runs do
           args[3], args[4], args[5] = 'MAXLEN', '~', maxlen
         end
         local a = #args
+        if idmp then
+          args[a + 1], args[a + 2], args[a + 3] = 'IDMP', producer, identity
+          a = a + 3
+        end
         args[a + 1], args[a + 2], args[a + 3], args[a + 4] = '*', 'id', id, 'topic'
         args[a + 5], args[a + 6], args[a + 7] = topic, 'payload', payload
         args[a + 8], args[a + 9] = 'created_at', stamp

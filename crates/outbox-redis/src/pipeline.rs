@@ -88,6 +88,10 @@ pub struct Shape {
     pub dedupe: InUse,
     /// Whether every node trims with `ACKED` (and `outbox.stream_trim_acked` asks for it).
     pub acked: bool,
+    /// Whether every node has IDMP: markers then record each event's IDMP identity too, so that
+    /// a chunk in doubt sent again the other way (the setting switched while a relay process
+    /// died) adds nothing twice.
+    pub idmp: bool,
 }
 
 /// How the pipeline's replies map back to events: per command, the batch positions it covers.
@@ -224,7 +228,8 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
             let topic = &chunk.events[positions[0]].topic;
             let shapes = optional_fields(chunk.events, &positions);
             let acked = if shape.acked { "a" } else { "" };
-            cmd.arg(format!("{}{acked}", target.stream_maxlen))
+            let idmp = if shape.idmp { "i" } else { "" };
+            cmd.arg(format!("{}{acked}{idmp}", target.stream_maxlen))
                 .arg(period.expires_at_ms)
                 .arg(topic)
                 .arg(shapes)
@@ -245,6 +250,10 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
             for &p in &positions {
                 let event = &chunk.events[p];
                 cmd.arg(&event.payload).arg(&stamps[p]);
+                if shape.idmp {
+                    cmd.arg(idmp::producer(&target.marker_namespace, event.group))
+                        .arg(format!("{}-{}", event.id, event.created_at));
+                }
                 if let Some(key) = &event.key {
                     cmd.arg(key);
                 }
@@ -475,6 +484,7 @@ pub(crate) mod tests {
         Shape {
             dedupe,
             acked: false,
+            idmp: false,
         }
     }
 
@@ -568,6 +578,31 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn markers_carry_each_events_idmp_identity_where_redis_has_idmp() {
+        let target = target(Dedupe::Auto);
+        let mut events = [event(1, "a"), event(2, "a")];
+        events[0].group = 3;
+        events[0].created_at = 1_000;
+        events[1].key = Some("k2".into());
+        let chunk = chunk_of(&target, &events);
+        let shape = Shape {
+            dedupe: InUse::Markers,
+            acked: false,
+            idmp: true,
+        };
+        let args = args(&listed(&built(&chunk, &shape))[0]);
+        let argv = &args[6..];
+        assert_eq!(argv[0], "0i", "the bound says IDMP is there");
+        let (s0, s1) = (rfc3339(1_000), rfc3339(0));
+        // After the run's ids: per event its payload, created_at, producer and identity, then
+        // its key.
+        assert_eq!(
+            argv[argv.len() - 9..],
+            ["{}", &s0, "t:3", "1-1000", "{}", &s1, "t:0", "2-0", "k2"]
+        );
+    }
+
+    #[test]
     fn the_script_names_the_events_it_refused() {
         let target = target(Dedupe::Markers);
         let events = [event(1, "a"), event(2, "b"), event(3, "a")];
@@ -623,6 +658,7 @@ pub(crate) mod tests {
         let shape = Shape {
             dedupe: InUse::Idmp,
             acked: true,
+            idmp: false,
         };
         let built = built(&chunk, &shape);
         // One call per stream, sent whole: a's events 7 and 9, then b's 8.
