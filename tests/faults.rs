@@ -628,10 +628,14 @@ impl Servers {
                         .find_map(|line| line.strip_prefix("used_memory:"))
                         .and_then(|n| n.trim().parse::<u64>().ok())
                         .unwrap_or(1 << 20);
+                    // One setting per CONFIG SET: Redis 6.2 takes no more.
                     let _: redis::RedisResult<()> = redis::cmd("CONFIG")
                         .arg("SET")
                         .arg("maxmemory-policy")
                         .arg("noeviction")
+                        .query(&mut conn);
+                    let _: redis::RedisResult<()> = redis::cmd("CONFIG")
+                        .arg("SET")
                         .arg("maxmemory")
                         .arg(used)
                         .query(&mut conn);
