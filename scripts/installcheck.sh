@@ -35,25 +35,32 @@ fi
 
 work="$(mktemp -d /tmp/outbox-installcheck.XXXXXX)"
 give_to_pg "$work"
-port="$(free_port)"
 cleanup() {
   as_pg "$bindir/pg_ctl" -D "$work/data" -m immediate -w stop >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-say "Starting PostgreSQL $PG_MAJOR on 127.0.0.1:$port for pg_regress and the isolation specs"
 as_pg "$bindir/initdb" -D "$work/data" -A trust -U postgres --no-sync >/dev/null
 cat >>"$work/data/postgresql.conf" <<CONF
-port = $port
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$work'
 shared_preload_libraries = 'outbox'
 outbox.workers = 0
 fsync = off
 CONF
-# Without a backtrace appended to the errors that pass through pgrx (see demo.sh).
-RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 as_pg "$bindir/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null
+# Without a backtrace appended to the errors that pass through pgrx (see demo.sh). A port free
+# when chosen can be taken before the server binds it: then another one.
+for attempt in 1 2 3; do
+  port="$(free_port)"
+  say "Starting PostgreSQL $PG_MAJOR on 127.0.0.1:$port for pg_regress and the isolation specs"
+  if RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 as_pg "$bindir/pg_ctl" -D "$work/data" -o "-p $port" \
+    -l "$work/server.log" -w start >/dev/null; then
+    break
+  fi
+  tail -n 20 "$work/server.log" >&2 || true
+  [ "$attempt" = 3 ] && die "PostgreSQL $PG_MAJOR did not start (its log above)"
+done
 
 tests() { find "$1" -name "*.$2" -printf '%f\n' | sed "s/\.$2\$//" | sort; }
 status=0
