@@ -370,18 +370,7 @@ impl Backend {
         match self {
             Backend::Single { redis, .. } => redis.entries(stream),
             Backend::Cluster(_) => {
-                let reply: Vec<(String, Vec<String>)> =
-                    self.run(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"));
-                reply
-                    .into_iter()
-                    .map(|(id, flat)| {
-                        let fields = flat
-                            .chunks(2)
-                            .map(|kv| (kv[0].clone(), kv[1].clone()))
-                            .collect();
-                        (id, fields)
-                    })
-                    .collect()
+                common::entries_of(self.run(redis::cmd("XRANGE").arg(stream).arg("-").arg("+")))
             }
         }
     }

@@ -254,38 +254,51 @@ fn an_upgrade_to_idmp_with_a_chunk_in_doubt_publishes_it_once() {
     );
 }
 
+/// A relay deduplicating as `dedupe` says, through a proxy, to a Redis with IDMP that keeps what
+/// it acknowledged, with one event of `stream` published and then a chunk of 40 in doubt: Redis
+/// ran it and the proxy swallows the replies. `None` where the server has no IDMP (the test
+/// says so and passes). Returns the servers, a client and the 41 ids.
+fn a_chunk_in_doubt(
+    stream: &str,
+    dedupe: &str,
+) -> Option<(Redis, common::proxy::Proxy, Pg, postgres::Client, Vec<i64>)> {
+    let redis = Redis::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
+    if !redis.has_idmp() {
+        eprintln!("not run: {} has no IDMP", common::redis_server());
+        return None;
+    }
+    let proxy = common::proxy::Proxy::start(redis.port);
+    let url = proxy.url();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_timeout", "1s"),
+        ("outbox.poll_interval", "100ms"),
+        ("outbox.dedupe", dedupe),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let mut ids = enqueue_many(&mut client, stream, 1);
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen(stream) == 1));
+    proxy.swallow_replies(true);
+    ids.extend(enqueue_many(&mut client, stream, 40));
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.xlen(stream) == 41),
+        "the chunk did not reach Redis"
+    );
+    Some((redis, proxy, pg, client, ids))
+}
+
 /// `outbox.dedupe` switched from IDMP to markers by a reload while a chunk sent with IDMP is in
 /// doubt (Redis ran it, the proxy swallowed the reply): markers would not see IDMP's record, so
 /// the chunk goes again with IDMP, and the switch waits for the commit after it. Every event is
 /// in its stream once. Needs a server with IDMP; on the others the test says so and passes.
 #[test]
 fn a_reload_to_markers_with_an_idmp_chunk_in_doubt_publishes_it_once() {
-    let redis = Redis::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
-    if !redis.has_idmp() {
-        eprintln!("not run: {} has no IDMP", common::redis_server());
+    let Some((redis, proxy, mut pg, mut client, mut ids)) = a_chunk_in_doubt("switched", "auto")
+    else {
         return;
-    }
-    let proxy = common::proxy::Proxy::start(redis.port);
-    let url = proxy.url();
-    let mut pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.redis_timeout", "1s"),
-        ("outbox.poll_interval", "100ms"),
-    ]);
-    let mut client = pg.with_extension();
-    pg.wait_for_workers(1);
-    let mut ids = enqueue_many(&mut client, "switched", 1);
-    assert!(wait_until(Duration::from_secs(10), || redis
-        .xlen("switched")
-        == 1));
+    };
     assert_eq!(dedupe_shown(&pg).as_deref(), Some("idmp"));
-
-    proxy.swallow_replies(true);
-    ids.extend(enqueue_many(&mut client, "switched", 40));
-    assert!(
-        wait_until(Duration::from_secs(10), || redis.xlen("switched") == 41),
-        "the chunk did not reach Redis"
-    );
     pg.set(&[("outbox.dedupe", "markers")]);
     assert!(wait_until(Duration::from_secs(20), || {
         pg.log()
@@ -320,33 +333,10 @@ fn a_reload_to_markers_with_an_idmp_chunk_in_doubt_publishes_it_once() {
 /// Needs a server with IDMP; on the others the test says so and passes.
 #[test]
 fn a_chunk_in_doubt_across_a_worker_crash_and_a_switch_goes_out_once() {
-    let redis = Redis::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
-    if !redis.has_idmp() {
-        eprintln!("not run: {} has no IDMP", common::redis_server());
+    let Some((redis, proxy, mut pg, _, mut ids)) = a_chunk_in_doubt("crossed", "markers") else {
         return;
-    }
-    let proxy = common::proxy::Proxy::start(redis.port);
-    let url = proxy.url();
-    let mut pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.redis_timeout", "1s"),
-        ("outbox.poll_interval", "100ms"),
-        ("outbox.dedupe", "markers"),
-    ]);
-    let mut client = pg.with_extension();
-    pg.wait_for_workers(1);
-    let mut ids = enqueue_many(&mut client, "crossed", 1);
-    assert!(wait_until(Duration::from_secs(10), || redis
-        .xlen("crossed")
-        == 1));
+    };
     assert_eq!(dedupe_shown(&pg).as_deref(), Some("markers"));
-
-    proxy.swallow_replies(true);
-    ids.extend(enqueue_many(&mut client, "crossed", 40));
-    assert!(
-        wait_until(Duration::from_secs(10), || redis.xlen("crossed") == 41),
-        "the chunk did not reach Redis"
-    );
     pg.set(&[("outbox.dedupe", "auto")]);
     assert!(wait_until(Duration::from_secs(20), || {
         pg.log()

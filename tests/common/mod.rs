@@ -341,18 +341,7 @@ impl Redis {
 
     /// Every entry of a stream, as (entry id, fields).
     pub fn entries(&self, stream: &str) -> Vec<(String, HashMap<String, String>)> {
-        let reply: Vec<(String, Vec<String>)> =
-            self.query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+"));
-        reply
-            .into_iter()
-            .map(|(id, flat)| {
-                let fields = flat
-                    .chunks(2)
-                    .map(|kv| (kv[0].clone(), kv[1].clone()))
-                    .collect();
-                (id, fields)
-            })
-            .collect()
+        entries_of(self.query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+")))
     }
 
     /// The `id` field of every entry of a stream, in stream order.
@@ -413,6 +402,20 @@ pub fn server_version(info: &str) -> (String, (u32, u32, u32)) {
     };
     let n: Vec<u32> = version.split('.').map(|p| p.parse().unwrap_or(0)).collect();
     (product.to_string(), (n[0], n[1], n[2]))
+}
+
+/// An `XRANGE` reply as (entry id, fields).
+pub fn entries_of(reply: Vec<(String, Vec<String>)>) -> Vec<(String, HashMap<String, String>)> {
+    reply
+        .into_iter()
+        .map(|(id, flat)| {
+            let fields = flat
+                .chunks(2)
+                .map(|kv| (kv[0].clone(), kv[1].clone()))
+                .collect();
+            (id, fields)
+        })
+        .collect()
 }
 
 /// Whether the server whose `INFO server` reply this is has IDMP: Redis 8.6.2 or later.
