@@ -108,9 +108,12 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # The minor of a rustc (`rustc --version`: rustc 1.96.0 ...), empty if there is none.
 rustc_minor() { "$@" --version 2>/dev/null | sed -nE 's/^rustc 1\.([0-9]+)\..*/\1/p'; }
 
-# Whether the Rust on PATH is too old for pgrx, and so Debian's is used (see setup.sh).
+# Whether the Rust on PATH is too old for pgrx, and so Debian's is used (see setup.sh). A script
+# that another one runs inherits the toolchain chosen: it is Debian's all the same.
 RUST_FROM_DEBIAN=""
-if [ -z "${RUSTUP_TOOLCHAIN:-}" ] && [ "$(rustc_minor rustc || true)" != "" ] \
+if [ "${RUSTUP_TOOLCHAIN:-}" = "$DEBIAN_RUST_TOOLCHAIN" ]; then
+  RUST_FROM_DEBIAN=1
+elif [ -z "${RUSTUP_TOOLCHAIN:-}" ] && [ "$(rustc_minor rustc || true)" != "" ] \
   && [ "$(rustc_minor rustc)" -lt "$RUST_MINOR_NEEDED" ]; then
   RUST_FROM_DEBIAN=1
   if command -v rustup >/dev/null; then
