@@ -57,7 +57,7 @@ command -v cargo >/dev/null || die "cargo is not installed: install Rust (https:
 if [ -n "$RUST_FROM_DEBIAN" ]; then
   if [ "$(rustc_minor /usr/bin/rustc || true)" = "" ] \
     || [ "$(rustc_minor /usr/bin/rustc)" -lt "$RUST_MINOR_NEEDED" ]; then
-    say "Installing Rust 1.$RUST_MINOR_NEEDED from Debian (rustc-web, cargo-web, rust-web-clippy, rustfmt-web): pgrx $PGRX_VERSION needs it and the Rust on PATH is 1.$(rustc_minor rustc)"
+    say "Installing Rust 1.$RUST_MINOR_NEEDED from Debian (rustc-web, cargo-web, rust-web-clippy, rustfmt-web): pgrx $PGRX_VERSION needs it and the Rust on PATH is older ($(env -u RUSTUP_TOOLCHAIN rustc --version 2>/dev/null || echo none))"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc-web cargo-web \
       rust-web-clippy rustfmt-web >/dev/null
