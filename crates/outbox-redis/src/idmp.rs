@@ -34,10 +34,25 @@ pub fn producer(namespace: &str, group: u16) -> String {
     format!("{namespace}:{group}")
 }
 
+/// The producers of a chunk's lane groups, each named once per chunk.
+#[derive(Default)]
+pub struct Producers(Vec<Option<String>>);
+
+impl Producers {
+    /// The producer of lane group `group` of the database `namespace` names.
+    pub fn of(&mut self, namespace: &str, group: u16) -> &str {
+        let at = usize::from(group);
+        if self.0.len() <= at {
+            self.0.resize(at + 1, None);
+        }
+        self.0[at].get_or_insert_with(|| producer(namespace, group))
+    }
+}
+
 /// An event's identity: its id and `created_at` (microseconds), as ids can be used again; what
-/// [`identity_arg`] writes, as text for the tests.
-#[cfg(test)]
-fn identity(id: i64, created_at: i64) -> String {
+/// [`identity_arg`] writes, as text (for the markers' script, which takes it as a `Cmd`'s
+/// argument).
+pub fn identity(id: i64, created_at: i64) -> String {
     format!("{id}-{created_at}")
 }
 

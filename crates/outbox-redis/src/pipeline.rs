@@ -199,6 +199,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
         let period = marker_period(now_ms, ttl_ms);
         let namespace = &target.marker_namespace;
         let mut calls = Vec::new();
+        let mut producers = idmp::Producers::default();
         let stamps: Vec<String> = chunk
             .events
             .iter()
@@ -251,8 +252,8 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
                 let event = &chunk.events[p];
                 cmd.arg(&event.payload).arg(&stamps[p]);
                 if shape.idmp {
-                    cmd.arg(idmp::producer(&target.marker_namespace, event.group))
-                        .arg(format!("{}-{}", event.id, event.created_at));
+                    cmd.arg(producers.of(&target.marker_namespace, event.group))
+                        .arg(idmp::identity(event.id, event.created_at));
                 }
                 if let Some(key) = &event.key {
                     cmd.arg(key);
@@ -312,7 +313,7 @@ fn idmp_calls(
     acked: bool,
     mut stream_seen: impl FnMut(&str),
 ) -> Vec<Vec<usize>> {
-    let mut producers: Vec<Option<String>> = Vec::new();
+    let mut producers = idmp::Producers::default();
     let mut calls = Vec::new();
     for (stream, positions) in group_by_stream(&target.stream_prefix, events) {
         stream_seen(&stream);
@@ -325,13 +326,7 @@ fn idmp_calls(
                 .arg(optional_fields(events, &positions));
             for &p in &positions {
                 let event = &events[p];
-                let group = usize::from(event.group);
-                if producers.len() <= group {
-                    producers.resize(group + 1, None);
-                }
-                let producer = producers[group]
-                    .get_or_insert_with(|| idmp::producer(&target.marker_namespace, event.group));
-                cmd.arg(producer.as_str());
+                cmd.arg(producers.of(&target.marker_namespace, event.group));
                 idmp::identity_arg(cmd, event.id, event.created_at);
                 cmd.int(event.id).arg(&event.payload);
                 rfc3339_arg(cmd, event.created_at);
