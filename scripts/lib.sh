@@ -113,8 +113,8 @@ rustc_minor() { "$@" --version 2>/dev/null | sed -nE 's/^rustc 1\.([0-9]+)\..*/\
 RUST_FROM_DEBIAN=""
 if [ "${RUSTUP_TOOLCHAIN:-}" = "$DEBIAN_RUST_TOOLCHAIN" ]; then
   RUST_FROM_DEBIAN=1
-elif [ -z "${RUSTUP_TOOLCHAIN:-}" ] && [ "$(rustc_minor rustc || true)" != "" ] \
-  && [ "$(rustc_minor rustc)" -lt "$RUST_MINOR_NEEDED" ]; then
+elif [ -z "${RUSTUP_TOOLCHAIN:-}" ] && rust_minor="$(rustc_minor rustc)" && [ -n "$rust_minor" ] \
+  && [ "$rust_minor" -lt "$RUST_MINOR_NEEDED" ]; then
   RUST_FROM_DEBIAN=1
   if command -v rustup >/dev/null; then
     export RUSTUP_TOOLCHAIN="$DEBIAN_RUST_TOOLCHAIN"

@@ -55,8 +55,8 @@ command -v cargo >/dev/null || die "cargo is not installed: install Rust (https:
 # pgrx needs a newer Rust than the one on PATH: Debian 12's security suite has it, installed
 # into /usr beside whatever else is there (see lib.sh).
 if [ -n "$RUST_FROM_DEBIAN" ]; then
-  if [ "$(rustc_minor /usr/bin/rustc || true)" = "" ] \
-    || [ "$(rustc_minor /usr/bin/rustc)" -lt "$RUST_MINOR_NEEDED" ]; then
+  debian_minor="$(rustc_minor /usr/bin/rustc || true)"
+  if [ -z "$debian_minor" ] || [ "$debian_minor" -lt "$RUST_MINOR_NEEDED" ]; then
     say "Installing Rust 1.$RUST_MINOR_NEEDED from Debian (rustc-web, cargo-web, rust-web-clippy, rustfmt-web): pgrx $PGRX_VERSION needs it and the Rust on PATH is older ($(env -u RUSTUP_TOOLCHAIN rustc --version 2>/dev/null || echo none))"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc-web cargo-web \
