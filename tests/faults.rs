@@ -699,12 +699,9 @@ impl Servers {
                 .arg(stream)
                 .arg(replacement),
         );
-        let tokens: Vec<String> = entries
+        let tokens: Vec<String> = common::entries_of(entries)
             .iter()
-            .filter_map(|(_, flat)| {
-                let at = flat.iter().position(|f| f == "payload")?;
-                token_of(flat.get(at + 1)?)
-            })
+            .filter_map(|(_, fields)| token_of(fields.get("payload")?))
             .collect();
         let count = tokens.len();
         history
