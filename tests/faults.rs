@@ -9,8 +9,10 @@
 //! survives), frozen past `outbox.redis_timeout`, its clients killed, the link cut (by a proxy
 //! between the relay and Redis, after a round trip was sent and its reply swallowed, or at any
 //! moment), a stream deleted or replaced by a string for a while, and a reload that changes the
-//! batch size, the number of workers and the dedupe. The same seed gives the same schedule of
-//! operations and faults (their interleaving with the servers' timing aside).
+//! batch size, the number of workers and the dedupe; on a cluster, slots resharded; behind
+//! sentinels, a failover. A seed picks the topology: one Redis, a cluster, or sentinels. The same
+//! seed gives the same schedule of operations and faults (their interleaving with the servers'
+//! timing aside).
 //!
 //! The checker then waits for the backlog to drain and reads every stream: each committed event
 //! is in its stream (or was in it when a fault deleted the stream), nothing rolled back is
@@ -33,7 +35,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::proxy::Proxy;
-use common::topology::Cluster;
+use common::topology::{Cluster, Sentinels};
 use common::{wait_until, Pg, Redis};
 
 const TOPICS: usize = 4;
@@ -90,10 +92,11 @@ enum Fault {
     MemoryFull,
     UpgradeRedis,
     Reshard,
+    Failover,
 }
 
 /// Each fault with its weight.
-const FAULTS: [(Fault, u64); 15] = [
+const FAULTS: [(Fault, u64); 16] = [
     (Fault::KillWorker, 2),
     (Fault::CrashPostgres, 1),
     (Fault::RestartPostgres, 1),
@@ -109,6 +112,7 @@ const FAULTS: [(Fault, u64); 15] = [
     (Fault::MemoryFull, 1),
     (Fault::UpgradeRedis, 1),
     (Fault::Reshard, 2),
+    (Fault::Failover, 2),
 ];
 
 impl Fault {
@@ -307,15 +311,18 @@ enum Topology {
     /// A Redis Cluster of 3 primaries with a replica each, which the relay reaches directly
     /// and waits on (`outbox.redis_wait_replicas = 1`), so that a failover loses nothing.
     Cluster,
+    /// A primary with one replica, watched by three sentinels, which the relay asks for the
+    /// primary and waits on (`outbox.redis_wait_replicas = 1`), so that a failover loses nothing.
+    Sentinel,
 }
 
 impl Topology {
-    /// Even seeds run on one Redis, odd ones on a cluster.
+    /// Seeds that leave 0 by 3 run on one Redis, 1 on a cluster, 2 behind sentinels.
     fn of(seed: u64) -> Topology {
-        if seed.is_multiple_of(2) {
-            Topology::Standalone
-        } else {
-            Topology::Cluster
+        match seed % 3 {
+            0 => Topology::Standalone,
+            1 => Topology::Cluster,
+            _ => Topology::Sentinel,
         }
     }
 }
@@ -324,6 +331,7 @@ impl Topology {
 enum Backend {
     Single { redis: Redis, proxy: Proxy },
     Cluster(Cluster),
+    Sentinel(Sentinels),
 }
 
 /// Takes a stream's entries and deletes it (putting the string ARGV[1] in its place, if not
@@ -343,6 +351,10 @@ impl Backend {
             let result = match self {
                 Backend::Single { redis, .. } => cmd.query(&mut redis.conn()),
                 Backend::Cluster(cluster) => cluster.run(cmd),
+                Backend::Sentinel(sentinels) => match sentinels.primary_port() {
+                    Some(port) => sentinels_node(sentinels, port).query(cmd),
+                    None => Err((redis::ErrorKind::Io, "no primary named").into()),
+                },
             };
             match result {
                 Ok(value) => return value,
@@ -363,13 +375,30 @@ impl Backend {
                     let _: redis::RedisResult<redis::Value> = node.query(cmd);
                 }
             }
+            Backend::Sentinel(sentinels) => {
+                for node in [&sentinels.primary, &sentinels.replica] {
+                    if node.is_running() {
+                        let _: redis::RedisResult<redis::Value> = node.query(cmd);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The ports of the servers that take writes now: the one Redis, a cluster's primaries,
+    /// the primary the sentinels name.
+    fn primaries(&self) -> Vec<u16> {
+        match self {
+            Backend::Single { redis, .. } => vec![redis.port],
+            Backend::Cluster(cluster) => cluster.primaries().iter().map(|p| p.1).collect(),
+            Backend::Sentinel(sentinels) => sentinels.primary_port().into_iter().collect(),
         }
     }
 
     fn entries(&self, stream: &str) -> Vec<(String, HashMap<String, String>)> {
         match self {
             Backend::Single { redis, .. } => redis.entries(stream),
-            Backend::Cluster(_) => {
+            Backend::Cluster(_) | Backend::Sentinel(_) => {
                 common::entries_of(self.run(redis::cmd("XRANGE").arg(stream).arg("-").arg("+")))
             }
         }
@@ -379,15 +408,46 @@ impl Backend {
         match self {
             Backend::Single { redis, .. } => redis.has_idmp(),
             Backend::Cluster(cluster) => cluster.has_idmp(),
+            Backend::Sentinel(_) => {
+                common::has_idmp(&self.run::<String>(redis::cmd("INFO").arg("server")))
+            }
         }
     }
 
     fn proxy(&self) -> Option<&Proxy> {
         match self {
             Backend::Single { proxy, .. } => Some(proxy),
-            Backend::Cluster(_) => None,
+            Backend::Cluster(_) | Backend::Sentinel(_) => None,
         }
     }
+}
+
+/// Waits until the primary the sentinels name has its replica linked (the old primary, after a
+/// failover, made a replica and synced); whether it did within 40 s.
+fn wait_replica_up(sentinels: &Sentinels) -> bool {
+    wait_until(Duration::from_secs(40), || {
+        let Some(port) = sentinels.primary_port() else {
+            return false;
+        };
+        sentinels_node(sentinels, port)
+            .query::<String>(redis::cmd("INFO").arg("replication"))
+            .is_ok_and(|info| info.contains("role:master") && info.contains("connected_slaves:1"))
+            && [&sentinels.primary, &sentinels.replica]
+                .into_iter()
+                .filter(|n| n.port != port)
+                .all(|n| {
+                    n.query::<String>(redis::cmd("INFO").arg("replication"))
+                        .is_ok_and(|info| info.contains("master_link_status:up"))
+                })
+    })
+}
+
+/// The data node of `sentinels` on `port`.
+fn sentinels_node(sentinels: &Sentinels, port: u16) -> &common::topology::Node {
+    [&sentinels.primary, &sentinels.replica]
+        .into_iter()
+        .find(|n| n.port == port)
+        .unwrap_or(&sentinels.primary)
 }
 
 /// The campaign's servers: PostgreSQL relaying to Redis (through the proxy, for one server).
@@ -436,6 +496,19 @@ impl Servers {
                 let pg = Pg::start(&all);
                 (Backend::Cluster(cluster), None, pg)
             }
+            Topology::Sentinel => {
+                let sentinels = Sentinels::start_persistent();
+                let urls = sentinels.urls();
+                let mut all = settings.to_vec();
+                all.extend([
+                    ("outbox.redis_url", urls.as_str()),
+                    ("outbox.redis_mode", "sentinel"),
+                    ("outbox.redis_sentinel_master", Sentinels::MASTER),
+                    ("outbox.redis_wait_replicas", "1"),
+                ]);
+                let pg = Pg::start(&all);
+                (Backend::Sentinel(sentinels), None, pg)
+            }
         };
         pg.with_extension();
         pg.wait_for_workers(2);
@@ -451,12 +524,16 @@ impl Servers {
     /// A fault drawn by weight among those this schedule's servers can take now.
     fn draw(&self, rng: &mut Rng) -> Fault {
         let cluster = matches!(self.backend, Backend::Cluster(_));
+        let sentinel = matches!(self.backend, Backend::Sentinel(_));
         let possible: Vec<(Fault, u64)> = FAULTS
             .into_iter()
             .filter(|(fault, _)| match fault {
                 Fault::UpgradeRedis => self.upgrade_to.is_some(),
-                Fault::SwallowAndCut | Fault::Cut | Fault::SlowLink => !cluster,
+                Fault::SwallowAndCut | Fault::Cut | Fault::SlowLink => {
+                    self.backend.proxy().is_some()
+                }
                 Fault::Reshard => cluster,
+                Fault::Failover => sentinel,
                 _ => true,
             })
             .collect();
@@ -519,6 +596,33 @@ impl Servers {
                             }
                         )
                     }
+                    // The sentinels fail over to the replica (5 s without an answer); the old
+                    // primary comes back on its data and the sentinels make it the replica.
+                    Backend::Sentinel(sentinels) => {
+                        let Some(port) = sentinels.primary_port() else {
+                            return "no primary to kill".into();
+                        };
+                        sentinels.node_on(port).kill();
+                        thread::sleep(down);
+                        let failed_over = wait_until(Duration::from_secs(40), || {
+                            sentinels.primary_port().is_some_and(|p| p != port)
+                        });
+                        sentinels.node_on(port).start_again();
+                        let rejoined = wait_replica_up(sentinels);
+                        format!(
+                            "primary {port} killed, back {}{}",
+                            if failed_over {
+                                "after the sentinels' failover"
+                            } else {
+                                "without a failover within 40 s"
+                            },
+                            if rejoined {
+                                ""
+                            } else {
+                                ", not a replica within 40 s"
+                            }
+                        )
+                    }
                 }
             }
             Fault::FreezeRedis => {
@@ -540,6 +644,27 @@ impl Servers {
                         thread::sleep(frozen);
                         node.signal("-CONT");
                         format!("primary {port} frozen {frozen:?}")
+                    }
+                    // Sometimes past the sentinels' 5 s: they fail over meanwhile, and the
+                    // primary thawed takes writes until they make it a replica.
+                    Backend::Sentinel(sentinels) => {
+                        let frozen = rng.between_ms(1200, 8000);
+                        let Some(port) = sentinels.primary_port() else {
+                            return "no primary to freeze".into();
+                        };
+                        let node = sentinels_node(sentinels, port);
+                        node.signal("-STOP");
+                        thread::sleep(frozen);
+                        node.signal("-CONT");
+                        let rejoined = wait_replica_up(sentinels);
+                        format!(
+                            "primary {port} frozen {frozen:?}{}",
+                            if rejoined {
+                                ""
+                            } else {
+                                ", no replica up within 40 s"
+                            }
+                        )
                     }
                 }
             }
@@ -592,14 +717,7 @@ impl Servers {
             }
             Fault::MemoryFull => {
                 // Full from the next write on: each node's limit is what it uses now.
-                let nodes: Vec<u16> = match &self.backend {
-                    Backend::Single { redis, .. } => vec![redis.port],
-                    Backend::Cluster(cluster) => cluster
-                        .primaries()
-                        .iter()
-                        .map(|(_, port, _)| *port)
-                        .collect(),
-                };
+                let nodes = self.backend.primaries();
                 for &port in &nodes {
                     let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
                     else {
@@ -669,6 +787,34 @@ impl Servers {
                     primaries[from].1,
                     primaries[to].1,
                     if done { "" } else { " (redis-cli failed)" }
+                )
+            }
+            Fault::Failover => {
+                let Backend::Sentinel(sentinels) = &self.backend else {
+                    return "no sentinels to fail over".into();
+                };
+                let before = sentinels.primary_port();
+                let asked: redis::RedisResult<String> = sentinels.sentinels[0].query(
+                    redis::cmd("SENTINEL")
+                        .arg("FAILOVER")
+                        .arg(Sentinels::MASTER),
+                );
+                let moved = wait_until(Duration::from_secs(30), || {
+                    sentinels.primary_port() != before
+                });
+                let rejoined = wait_replica_up(sentinels);
+                format!(
+                    "SENTINEL FAILOVER from {before:?}: {}{}",
+                    match (asked, moved) {
+                        (Err(e), _) => format!("refused ({e})"),
+                        (Ok(_), true) => format!("now {:?}", sentinels.primary_port()),
+                        (Ok(_), false) => "no new primary within 30 s".into(),
+                    },
+                    if rejoined {
+                        ""
+                    } else {
+                        ", no replica up within 40 s"
+                    }
                 )
             }
             Fault::Reload => {

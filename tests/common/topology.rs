@@ -423,7 +423,7 @@ impl Sentinels {
     pub const MASTER: &'static str = "master";
 
     pub fn start() -> Sentinels {
-        Sentinels::start_secured(None, None)
+        Sentinels::start_with(None, None, false)
     }
 
     /// As `start`, the primary and replica requiring `primary_password` (the sentinels know
@@ -431,6 +431,21 @@ impl Sentinels {
     pub fn start_secured(
         primary_password: Option<&str>,
         sentinel_password: Option<&str>,
+    ) -> Sentinels {
+        Sentinels::start_with(primary_password, sentinel_password, false)
+    }
+
+    /// As `start`, the primary and replica writing every command to their append-only file
+    /// before answering it (`appendfsync always`), so that one killed and started again keeps
+    /// what it acknowledged.
+    pub fn start_persistent() -> Sentinels {
+        Sentinels::start_with(None, None, true)
+    }
+
+    fn start_with(
+        primary_password: Option<&str>,
+        sentinel_password: Option<&str>,
+        persistent: bool,
     ) -> Sentinels {
         let auth: Vec<String> = primary_password
             .map(|p| {
@@ -450,14 +465,18 @@ impl Sentinels {
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
                 "--repl-diskless-sync-delay",
                 "0",
             ]
             .iter()
             .map(|a| a.to_string())
             .collect();
+            let append = if persistent {
+                ["--appendonly", "yes", "--appendfsync", "always"]
+            } else {
+                ["--appendonly", "no", "--appendfsync", "everysec"]
+            };
+            args.extend(append.iter().map(|a| a.to_string()));
             args.extend_from_slice(&auth);
             args.extend_from_slice(extra);
             args
@@ -556,6 +575,14 @@ impl Sentinels {
             .map(|n| format!("redis://127.0.0.1:{}", n.port))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The data node (primary or replica, whichever role it has now) on `port`.
+    pub fn node_on(&mut self, port: u16) -> &mut Node {
+        [&mut self.primary, &mut self.replica]
+            .into_iter()
+            .find(|n| n.port == port)
+            .expect("no data node on that port")
     }
 
     /// The port of the primary the sentinels name now.
