@@ -13,4 +13,4 @@ cd "$here/.."
 seed="${SEED:-$((RANDOM * 32768 + RANDOM))}"
 say "Faults at random from seed $seed for ${MINUTES:-10} minutes (make faults SEED=$seed to run it again)"
 OUTBOX_FAULTS_SEED="$seed" OUTBOX_FAULTS_MINUTES="${MINUTES:-10}" \
-  cargo test "${CARGO_FEATURES[@]}" --test faults -- --ignored --nocapture faults_campaign
+  cargo test -p outbox-tests --test faults -- --ignored --nocapture faults_campaign

@@ -27,11 +27,14 @@ REDIS_NEXT="${OUTBOX_REDIS_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/f
 # The integration tests that scripts/test.sh runs against each of those servers as well: the
 # exactly-once, topology (Cluster, Sentinel, TLS), ACL, outage, consumer and faults tests.
 REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes_and_outages faults)
-# The integration tests whose outcome does not depend on the PostgreSQL major: Redis topologies
-# and servers, dedupe, the consumer, per-key order and rejected events. `make test` runs them on
-# Debian's 15 only; on the other majors of the matrix it runs the rest (the SQL surface, the
-# insert, the worker's life and crashes, the hooks, storage, upgrades, operations).
-ONCE_TESTS=(dedupe redis_servers consumer topologies redis_users keys rejected_events faults)
+# The integration tests whose outcome depends on the PostgreSQL major: the SQL surface and its
+# privileges, the insert and the hooks, the worker's life, its crashes and its databases,
+# operations (views, redrive, pruning, pg_dump), upgrades. `make test` runs every integration
+# test on the first major of the matrix and these on the others; the rest (Redis topologies and
+# servers, dedupe, the consumer, per-key order, rejected events, claims and their plans, storage,
+# encodings, ids used again, metrics, the faults at random) once.
+MAJOR_TESTS=(enqueue enqueue_arguments security insert trace relay crashes_and_outages databases
+  operations upgrade)
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }

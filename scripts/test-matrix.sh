@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite on every PostgreSQL major that is tested here (15 to 19), one after the
 # other; each installs what it needs first. The first runs the whole suite; the others run what
-# depends on the major (lib.sh's ONCE_TESTS run once). Builds share the target directory, so only
+# depends on the major (lib.sh's MAJOR_TESTS; the other tests run once). Builds share the target directory, so only
 # the parts that differ between majors are compiled again. Ends with the tests counted over all
 # majors.
 set -euo pipefail

@@ -10,34 +10,33 @@ cd "$here/.."
 "$here/setup.sh"
 "$here/install.sh"
 
-say "Checking formatting (cargo fmt --check)"
-cargo fmt --all -- --check
-say "Checking the Markdown links and anchors (scripts/check-links.py)"
-python3 "$here/check-links.py"
-say "Linting for PostgreSQL $PG_MAJOR (cargo clippy -D warnings)"
-cargo clippy --workspace --all-targets "${CARGO_FEATURES[@]}" -- -D warnings
-say "Running the Redis side's tests, without PostgreSQL (each starts its own redis-server)"
-cargo test -p outbox-redis -- --test-threads="${TEST_THREADS:-2}"
 if [ "${MAJOR_DEPENDENT_ONLY:-}" = 1 ]; then
-  # The matrix's other majors: what depends on the major (see ONCE_TESTS in lib.sh).
-  targets=(--lib)
-  for file in tests/*.rs; do
-    name="$(basename "$file" .rs)"
-    case " ${ONCE_TESTS[*]} " in *" $name "*) continue ;; esac
-    targets+=("--test=$name")
-  done
-  say "Running unit tests and the integration tests that depend on the major on PostgreSQL $PG_MAJOR (${ONCE_TESTS[*]} ran on 15)"
-  cargo test "${CARGO_FEATURES[@]}" "${targets[@]}" -- --test-threads="${TEST_THREADS:-2}"
+  # The matrix's other majors: the extension's code for this major, and what depends on the
+  # major (MAJOR_TESTS in lib.sh). The integration tests' crate is the same for every major.
+  say "Linting the extension for PostgreSQL $PG_MAJOR (cargo clippy -D warnings)"
+  cargo clippy -p outbox --lib "${CARGO_FEATURES[@]}" -- -D warnings
+  say "Running the integration tests that depend on the major on PostgreSQL $PG_MAJOR (${MAJOR_TESTS[*]}; the others ran on ${TESTED_MAJORS[0]})"
+  cargo test -p outbox-tests "${MAJOR_TESTS[@]/#/--test=}" -- --test-threads="${TEST_THREADS:-2}"
 else
-  say "Running unit and integration tests on PostgreSQL $PG_MAJOR (each integration test starts its own servers)"
-  cargo test "${CARGO_FEATURES[@]}" -- --test-threads="${TEST_THREADS:-2}"
+  say "Checking formatting (cargo fmt --check)"
+  cargo fmt --all -- --check
+  say "Checking the Markdown links and anchors (scripts/check-links.py)"
+  python3 "$here/check-links.py"
+  say "Linting for PostgreSQL $PG_MAJOR (cargo clippy -D warnings)"
+  cargo clippy --workspace --all-targets "${CARGO_FEATURES[@]}" -- -D warnings
+  say "Running the unit tests: the extension's pure logic, the Redis side's (each starts its own redis-server) and the consumer's"
+  cargo test -p outbox --lib "${CARGO_FEATURES[@]}" -- --test-threads="${TEST_THREADS:-2}"
+  cargo test -p outbox-redis -p outbox-consumer -- --test-threads="${TEST_THREADS:-2}"
+  say "Running the integration tests on PostgreSQL $PG_MAJOR (each starts its own servers)"
+  cargo test -p outbox-tests -- --test-threads="${TEST_THREADS:-2}"
 fi
+
+say "The SQL surface in pg_regress and isolation specs (scripts/installcheck.sh)"
+"$here/installcheck.sh"
 
 # The Redis-facing tests again against the other servers the relay supports (the run above used
 # Debian's Redis 7.0): Redis 6.2, Redis 8.6 (IDMP, ACKED trimming, XACKDEL) and Valkey 9.1,
 # fetched by scripts/fetch-redis.sh. Once per matrix: on Debian's 15, or with REDIS_MATRIX=1.
-say "The SQL surface in pg_regress and isolation specs (scripts/installcheck.sh)"
-"$here/installcheck.sh"
 
 if [ "${REDIS_MATRIX:-}" = 1 ] || { [ -z "${REDIS_MATRIX:-}" ] && [ "$PG_MAJOR" = 15 ]; }; then
   for server in redis6 redis valkey; do
@@ -46,7 +45,7 @@ if [ "${REDIS_MATRIX:-}" = 1 ] || { [ -z "${REDIS_MATRIX:-}" ] && [ "$PG_MAJOR" 
     [ -x "$binary" ] || die "$REDIS_NEXT $server gave no server program"
     say "The Redis-facing tests against $("$binary" --version | cut -d ' ' -f 1-3)"
     OUTBOX_TEST_REDIS_SERVER="$binary" cargo test -p outbox-redis -- --test-threads="${TEST_THREADS:-2}"
-    OUTBOX_TEST_REDIS_SERVER="$binary" cargo test "${CARGO_FEATURES[@]}" "${REDIS_FACING_TESTS[@]/#/--test=}" \
+    OUTBOX_TEST_REDIS_SERVER="$binary" cargo test -p outbox-tests "${REDIS_FACING_TESTS[@]/#/--test=}" \
       -- --test-threads="${TEST_THREADS:-2}"
   done
 fi
@@ -57,7 +56,7 @@ fi
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ] && is_root; then
   deb="$("$here/package.sh" | tail -n 1)"
   say "Installing $deb with dpkg, relaying an event, removing it with dpkg -r"
-  OUTBOX_TEST_PACKAGE="$PWD/$deb" cargo test "${CARGO_FEATURES[@]}" --test package -- --ignored
+  OUTBOX_TEST_PACKAGE="$PWD/$deb" cargo test -p outbox-tests --test package -- --ignored
   "$here/install.sh"
 elif [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
   say "Not testing the Debian package: installing it with dpkg needs root"

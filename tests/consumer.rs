@@ -287,7 +287,7 @@ fn consumer_binary() -> PathBuf {
             "outbox-consumer",
             "--manifest-path",
         ])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .arg(common::repository().join("Cargo.toml"))
         .arg("--target-dir")
         .arg(profile.parent().expect("no target directory"));
     if profile.ends_with("release") {

@@ -27,7 +27,7 @@ impl Exporter {
             Path::new(&program).exists(),
             "{program} is missing: scripts/setup.sh installs Debian's prometheus-postgres-exporter"
         );
-        let queries = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/postgres_exporter.yml");
+        let queries = common::repository().join("contrib/postgres_exporter.yml");
         let port = free_port();
         let child = Command::new(program)
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))

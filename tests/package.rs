@@ -97,7 +97,7 @@ fn the_debian_package_installs_relays_and_removes_cleanly() {
     assert!(
         ours.contains(&libdir.join("outbox.so"))
             && ours.contains(&extdir.join("outbox.control"))
-            && ours.contains(&extdir.join(format!("outbox--{}.sql", env!("CARGO_PKG_VERSION")))),
+            && ours.contains(&extdir.join(format!("outbox--{}.sql", common::extension_version()))),
         "the package put {ours:?} where PostgreSQL looks"
     );
     for file in &ours {
@@ -119,7 +119,7 @@ fn the_debian_package_installs_relays_and_removes_cleanly() {
             )
             .unwrap()
             .get(0);
-        assert_eq!(version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(version, common::extension_version());
         let id: i64 = client
             .query_one(
                 "SELECT outbox_enqueue('packaged', '{\"from\": \"the package\"}')",

@@ -96,7 +96,7 @@ fn an_upgrade_from_0_1_0_publishes_waiting_events_and_matches_a_fresh_install() 
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(version, common::extension_version());
     assert!(
         wait_until(Duration::from_secs(20), || pg.pending() == 0),
         "the waiting events were not published after the update"

@@ -133,6 +133,20 @@ fn is_root() -> bool {
     run(Command::new("id").arg("-u")).trim() == "0"
 }
 
+/// The repository's root folder (this crate is its `tests/` folder).
+pub fn repository() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The extension's version: its package's in the repository's `Cargo.toml`.
+pub fn extension_version() -> &'static str {
+    include_str!("../../Cargo.toml")
+        .lines()
+        .find_map(|line| line.strip_prefix("version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("no version in Cargo.toml")
+}
+
 /// PostgreSQL's program directory, from `$PG_CONFIG` (Debian's 15 by default).
 pub fn bindir() -> PathBuf {
     let pg_config = std::env::var("PG_CONFIG")
