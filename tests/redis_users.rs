@@ -50,7 +50,7 @@ fn the_redis_password_is_read_from_a_file_and_shown_nowhere() {
     assert_eq!(one::<String>(&mut watcher, "SHOW outbox.redis_url"), url);
     assert_eq!(
         one::<String>(&mut watcher, "SHOW outbox.redis_password_file"),
-        file
+        file.as_str()
     );
     let settings: String = one(
         &mut watcher,
@@ -60,7 +60,7 @@ fn the_redis_password_is_read_from_a_file_and_shown_nowhere() {
 
     // The file is read again at the next connection: with the right password the backlog goes
     // out, without a reload.
-    std::fs::write(&file, "right-horse-battery\n").unwrap();
+    std::fs::write(file.as_str(), "right-horse-battery\n").unwrap();
     assert!(
         wait_until(Duration::from_secs(30), || redis.xlen("secret") == 3),
         "the relay did not read the password file again: {:?}",
@@ -68,7 +68,7 @@ fn the_redis_password_is_read_from_a_file_and_shown_nowhere() {
     );
     let log = pg.log();
     assert!(
-        log.contains(&format!("redis_password_file='{file}'")),
+        log.contains(&format!("redis_password_file='{}'", file.as_str())),
         "the start-up line names the file:\n{log}"
     );
     for password in ["wrong-staple-s3cret", "right-horse-battery"] {

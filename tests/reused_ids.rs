@@ -55,7 +55,7 @@ fn restart_worker(pg: &Pg) {
 /// A Redis whose `relay` user may do everything but `HDEL`, that user's URL and password file:
 /// the markers of every batch stay behind, as those of a relay stopped right after it published
 /// (the relay deletes a committed batch's markers moments later).
-fn redis_keeping_markers() -> (Redis, String, String) {
+fn redis_keeping_markers() -> (Redis, String, common::PasswordFile) {
     let redis = Redis::start();
     let (url, file) = redis.relay_user("~* +@all -hdel");
     (redis, url, file)
@@ -136,7 +136,7 @@ fn ids_used_again_after(reuse: &str) {
     let (redis, url, file) = redis_keeping_markers();
     let pg = Pg::start(&[
         ("outbox.redis_url", &url),
-        ("outbox.redis_password_file", &file),
+        ("outbox.redis_password_file", file.as_str()),
         ("outbox.poll_interval", "1h"),
         // The markers left behind are what this tests (on Redis 8.6 `auto` takes IDMP).
         ("outbox.dedupe", "markers"),

@@ -174,16 +174,39 @@ pub fn give_to_postgres(path: &Path) {
     }
 }
 
-/// A file holding `password` on its first line, as `outbox.redis_password_file` names one:
-/// owned by the server's OS user and closed to everyone else. Returns its path.
-pub fn password_file(password: &str) -> String {
+/// A file holding a password on its first line, as `outbox.redis_password_file` names one; its
+/// folder is removed when it is dropped.
+pub struct PasswordFile {
+    path: String,
+    dir: PathBuf,
+}
+
+impl PasswordFile {
+    pub fn as_str(&self) -> &str {
+        &self.path
+    }
+}
+
+impl Drop for PasswordFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A file holding `password` on its first line: owned by the server's OS user and closed to
+/// everyone else.
+pub fn password_file(password: &str) -> PasswordFile {
     use std::os::unix::fs::PermissionsExt;
-    let path = scratch_dir("secret").join("redis.password");
+    let dir = scratch_dir("secret");
+    let path = dir.join("redis.password");
     fs::write(&path, format!("{password}\n")).expect("cannot write a password file");
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
         .expect("cannot restrict a password file");
     give_to_postgres(&path);
-    path.display().to_string()
+    PasswordFile {
+        path: path.display().to_string(),
+        dir,
+    }
 }
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -372,7 +395,7 @@ impl Redis {
 
     /// Creates the ACL user `relay`, password `pw`, with `rules` (`ACL SETUSER`'s, separated by
     /// spaces); returns its URL for `outbox.redis_url` and a file holding its password.
-    pub fn relay_user(&self, rules: &str) -> (String, String) {
+    pub fn relay_user(&self, rules: &str) -> (String, PasswordFile) {
         let mut acl = redis::cmd("ACL");
         acl.arg("SETUSER").arg("relay").arg("on").arg(">pw");
         for rule in rules.split_whitespace() {
@@ -454,6 +477,9 @@ pub struct Pg {
     pub port: u16,
     pub dir: PathBuf,
     settings: Vec<(String, String)>,
+    /// Password files its settings name, removed after the server (the relay reads them at
+    /// each connection).
+    secrets: Vec<PasswordFile>,
 }
 
 impl Pg {
@@ -486,7 +512,9 @@ impl Pg {
             settings.push(("outbox.redis_password_file", file.as_str()));
         }
         settings.extend_from_slice(extra);
-        Pg::start(&settings)
+        let mut pg = Pg::start(&settings);
+        pg.secrets.extend(file);
+        pg
     }
 
     fn start_in(dir: PathBuf, settings: &[(&str, &str)]) -> Pg {
@@ -498,6 +526,7 @@ impl Pg {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            secrets: Vec::new(),
         };
         pg.write_conf();
         pg.ctl_start();
