@@ -174,7 +174,8 @@ fn a_cluster_failover_and_a_reshard_during_the_drain_lose_nothing() {
     // outbox.redis_wait_replicas is not marked) said so and backed off.
     assert!(
         published_during > 0 || pg.log().contains("slots moved during the chunk"),
-        "the relay never met the reshard"
+        "the relay never met the reshard; its worker now: {:?}",
+        pg.worker_state()
     );
     assert!(
         wait_until(Duration::from_secs(180), || pg.pending() == 0),
