@@ -17,8 +17,8 @@ installcheck: ## pg_regress and isolation specs (tests/regress, tests/isolation)
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh && \
 	  PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/installcheck.sh
 
-faults:      ## Faults at random against real servers: SEED=n (random if unset) MINUTES=m (10 if unset)
-	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" SEED="$(SEED)" MINUTES="$(MINUTES)" scripts/faults.sh
+faults:      ## Faults at random against real servers: SEED=n (random if unset) MINUTES=m (10 if unset) SERVERS=all
+	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" SEED="$(SEED)" MINUTES="$(MINUTES)" SERVERS="$(SERVERS)" scripts/faults.sh
 
 bench:       ## Write cost, relay throughput, latency; prints a Markdown table
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/bench.sh
@@ -32,9 +32,9 @@ package:     ## Debian packages and tarballs in target/package/, for PG (or ever
 install:     ## Build (release) and install into the chosen PostgreSQL
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh --release
 
-lint:        ## Formatting, Markdown links and clippy over the workspace: the extension and crates/
+lint:        ## Formatting, Markdown links and clippy over the workspace: the extension and crates/ (PG=n: that major's build)
 	cargo fmt --all -- --check && python3 scripts/check-links.py && \
-	  cargo clippy --workspace --all-targets -- -D warnings
+	  cargo clippy --workspace --all-targets --no-default-features --features pg$(or $(PG),15) -- -D warnings
 
 docs:        ## Draw docs/architecture.svg again from scripts/draw-architecture.py
 	python3 scripts/draw-architecture.py
