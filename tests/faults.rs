@@ -1021,6 +1021,7 @@ fn check(seed: u64, servers: &Servers, history: &History, drained: bool) -> Repo
             }
         }
     }
+    let mut disordered: BTreeSet<i64> = BTreeSet::new();
     for (stream, entries) in &in_streams {
         let mut seen = BTreeSet::new();
         let mut last: HashMap<&str, i64> = HashMap::new();
@@ -1037,8 +1038,21 @@ fn check(seed: u64, servers: &Servers, history: &History, drained: bool) -> Repo
                     violations.push(format!(
                         "key {key} out of order in {stream}: {previous} before {id}"
                     ));
+                    disordered.extend([previous, *id]);
                 }
             }
+        }
+    }
+    // What the outbox says of the events out of order, to tell how each went.
+    if !disordered.is_empty() {
+        let ids: Vec<String> = disordered.iter().take(20).map(i64::to_string).collect();
+        for row in servers.pg.query_retrying(&format!(
+            "SELECT format('  event %s (%s, key %s): %s attempts, published at %s', id, topic, \
+                    coalesce(key, '-'), attempts, coalesce(published_at::text, 'never')) \
+             FROM outbox WHERE id IN ({}) ORDER BY id",
+            ids.join(", ")
+        )) {
+            violations.push(row.get(0));
         }
     }
     let marked: Vec<(String, i64, Option<String>)> = servers
