@@ -29,10 +29,10 @@ REDIS_NEXT="${OUTBOX_REDIS_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/f
 REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes_and_outages faults)
 # The integration tests whose outcome depends on the PostgreSQL major: the SQL surface and its
 # privileges, the insert and the hooks, the worker's life, its crashes and its databases,
-# operations (views, redrive, pruning, pg_dump), upgrades. `make test` runs every integration
-# test on the first major of the matrix and these on the others; the rest (Redis topologies and
-# servers, dedupe, the consumer, per-key order, rejected events, claims and their plans, storage,
-# encodings, ids used again, metrics, the faults at random) once.
+# operations (views, redrive, pg_dump), upgrades. `make test` runs every integration test on the
+# first major of the matrix and these on the others; the rest (Redis topologies and servers,
+# dedupe, the consumer, per-key order, rejected events, claims and their plans, storage, pruning
+# over time, encodings, ids used again, metrics, the faults at random) once.
 MAJOR_TESTS=(enqueue enqueue_arguments security insert trace relay crashes_and_outages databases
   operations upgrade)
 

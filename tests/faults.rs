@@ -351,10 +351,15 @@ impl Backend {
             let result = match self {
                 Backend::Single { redis, .. } => cmd.query(&mut redis.conn()),
                 Backend::Cluster(cluster) => cluster.run(cmd),
-                Backend::Sentinel(sentinels) => match sentinels.primary_port() {
-                    Some(port) => sentinels_node(sentinels, port).query(cmd),
-                    None => Err((redis::ErrorKind::Io, "no primary named").into()),
-                },
+                Backend::Sentinel(sentinels) => {
+                    match sentinels
+                        .primary_port()
+                        .and_then(|port| sentinels.node(port))
+                    {
+                        Some(primary) => primary.query(cmd),
+                        None => Err((redis::ErrorKind::Io, "no primary named").into()),
+                    }
+                }
             };
             match result {
                 Ok(value) => return value,
@@ -376,7 +381,7 @@ impl Backend {
                 }
             }
             Backend::Sentinel(sentinels) => {
-                for node in [&sentinels.primary, &sentinels.replica] {
+                for node in sentinels.data_nodes() {
                     if node.is_running() {
                         let _: redis::RedisResult<redis::Value> = node.query(cmd);
                     }
@@ -429,10 +434,16 @@ fn wait_replica_up(sentinels: &Sentinels) -> bool {
         let Some(port) = sentinels.primary_port() else {
             return false;
         };
-        sentinels_node(sentinels, port)
-            .query::<String>(redis::cmd("INFO").arg("replication"))
-            .is_ok_and(|info| info.contains("role:master") && info.contains("connected_slaves:1"))
-            && [&sentinels.primary, &sentinels.replica]
+        sentinels
+            .node(port)
+            .and_then(|primary| {
+                primary
+                    .query::<String>(redis::cmd("INFO").arg("replication"))
+                    .ok()
+            })
+            .is_some_and(|info| info.contains("role:master") && info.contains("connected_slaves:1"))
+            && sentinels
+                .data_nodes()
                 .into_iter()
                 .filter(|n| n.port != port)
                 .all(|n| {
@@ -442,12 +453,13 @@ fn wait_replica_up(sentinels: &Sentinels) -> bool {
     })
 }
 
-/// The data node of `sentinels` on `port`.
-fn sentinels_node(sentinels: &Sentinels, port: u16) -> &common::topology::Node {
-    [&sentinels.primary, &sentinels.replica]
-        .into_iter()
-        .find(|n| n.port == port)
-        .unwrap_or(&sentinels.primary)
+/// What a schedule's line adds when the sentinels' primary had no replica linked in time.
+fn unless_rejoined(rejoined: bool) -> &'static str {
+    if rejoined {
+        ""
+    } else {
+        ", no replica up within 40 s"
+    }
 }
 
 /// The campaign's servers: PostgreSQL relaying to Redis (through the proxy, for one server).
@@ -616,11 +628,7 @@ impl Servers {
                             } else {
                                 "without a failover within 40 s"
                             },
-                            if rejoined {
-                                ""
-                            } else {
-                                ", not a replica within 40 s"
-                            }
+                            unless_rejoined(rejoined)
                         )
                     }
                 }
@@ -649,21 +657,19 @@ impl Servers {
                     // primary thawed takes writes until they make it a replica.
                     Backend::Sentinel(sentinels) => {
                         let frozen = rng.between_ms(1200, 8000);
-                        let Some(port) = sentinels.primary_port() else {
+                        let Some((port, node)) = sentinels
+                            .primary_port()
+                            .and_then(|port| Some((port, sentinels.node(port)?)))
+                        else {
                             return "no primary to freeze".into();
                         };
-                        let node = sentinels_node(sentinels, port);
                         node.signal("-STOP");
                         thread::sleep(frozen);
                         node.signal("-CONT");
                         let rejoined = wait_replica_up(sentinels);
                         format!(
                             "primary {port} frozen {frozen:?}{}",
-                            if rejoined {
-                                ""
-                            } else {
-                                ", no replica up within 40 s"
-                            }
+                            unless_rejoined(rejoined)
                         )
                     }
                 }
@@ -810,11 +816,7 @@ impl Servers {
                         (Ok(_), true) => format!("now {:?}", sentinels.primary_port()),
                         (Ok(_), false) => "no new primary within 30 s".into(),
                     },
-                    if rejoined {
-                        ""
-                    } else {
-                        ", no replica up within 40 s"
-                    }
+                    unless_rejoined(rejoined)
                 )
             }
             Fault::Reload => {

@@ -577,6 +577,16 @@ impl Sentinels {
             .join(",")
     }
 
+    /// The primary and the replica, whichever roles they have now.
+    pub fn data_nodes(&self) -> [&Node; 2] {
+        [&self.primary, &self.replica]
+    }
+
+    /// The data node on `port`, if it is one of them.
+    pub fn node(&self, port: u16) -> Option<&Node> {
+        self.data_nodes().into_iter().find(|n| n.port == port)
+    }
+
     /// The data node (primary or replica, whichever role it has now) on `port`.
     pub fn node_on(&mut self, port: u16) -> &mut Node {
         [&mut self.primary, &mut self.replica]
