@@ -420,3 +420,83 @@ fn memory_freed_in_the_middle_of_a_round_trip_keeps_each_key_in_order() {
         "the key's events are out of order"
     );
 }
+
+/// Memory full, and an earlier round trip that Redis ran but whose transaction rolled back (its
+/// reply lost): the next round trip finds the first events of a key already added (their
+/// markers) and Redis refuses the rest (OOM). Redis lets a script write once it has written, and
+/// taking over the found events' markers is a write that memory does not refuse: a script that
+/// went on after a refused event would add the key's events of its next shard of ids, before the
+/// refused ones. The key's events span two shards of 64 ids (1 warm-up, 5 in the round trip
+/// lost, 200 after).
+#[test]
+fn memory_full_after_a_lost_round_trip_keeps_each_key_in_order() {
+    let redis = Redis::start();
+    let proxy = common::proxy::Proxy::start(redis.port);
+    let url = proxy.url();
+    let pg = Pg::start(&[
+        ("outbox.redis_url", url.as_str()),
+        ("outbox.redis_timeout", "1s"),
+        ("outbox.poll_interval", "100ms"),
+        ("outbox.batch_size", "1000"),
+        ("outbox.dedupe", "markers"),
+    ]);
+    let mut client = pg.with_extension();
+    pg.wait_for_workers(1);
+    let warm = enqueue_many(&mut client, "warm", 1);
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen("warm") == 1));
+    let keyed = |client: &mut postgres::Client, n: i64| -> Vec<i64> {
+        client
+            .query(
+                "SELECT outbox_enqueue('ordered', jsonb_build_object('n', g), key => 'k') \
+                 FROM generate_series(1, $1::bigint) g",
+                &[&n],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+
+    // Redis adds the first five and their markers; the relay hears nothing and rolls back.
+    proxy.swallow_replies(true);
+    let mut ids = keyed(&mut client, 5);
+    assert_eq!(ids[0], warm[0] + 1, "the ids are not consecutive");
+    assert!(wait_until(Duration::from_secs(10), || redis
+        .xlen("ordered")
+        == 5));
+    assert!(
+        wait_until(Duration::from_secs(10), || pg.log().contains("lost Redis")),
+        "the round trip was not given up: {}",
+        pg.log()
+    );
+    assert_eq!(pg.pending(), 5, "the lost round trip was marked");
+
+    let set_maxmemory = |bytes: &str| {
+        let _: String = redis.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bytes));
+    };
+    set_maxmemory("1");
+    ids.extend(keyed(&mut client, 200));
+    assert!(ids[5] / 64 == ids[4] / 64 && ids[204] / 64 > ids[5] / 64);
+    proxy.cut();
+    proxy.swallow_replies(false);
+    let refused = || -> bool {
+        let info: String = redis.query(redis::cmd("INFO").arg("errorstats"));
+        info.contains("errorstat_OOM")
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), refused),
+        "the relay did not try while memory was full: {}",
+        pg.log()
+    );
+    set_maxmemory("0");
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "the events were not published once Redis took writes: {}",
+        pg.log()
+    );
+    assert_eq!(
+        redis.ids("ordered"),
+        ids,
+        "the key's events are out of order"
+    );
+}
