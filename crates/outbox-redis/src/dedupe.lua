@@ -29,6 +29,10 @@
 -- then                the n event ids, in order
 -- then                per event: its payload and created_at, with 'i' its IDMP producer and
 --                     identity, then its key and its headers if it has them
+-- Once XADD refuses an event, the call adds nothing more: every later event is refused with the
+-- same error, untried. Redis refuses a script's writes for memory only until the script has
+-- written, and taking found events' markers over (HDEL) is a write that memory does not refuse:
+-- a call that went on would add a key's events of the next run before the refused one.
 -- Returns the events XADD refused: pairs of the event's position (from 1) and the error text
 -- (a string, not an error reply: a cluster client would fail the whole reply); an empty array
 -- when every event is in the stream. An event with a marker was added by an earlier call whose
@@ -94,6 +98,7 @@ for r = 1, runs do
   n = n + tonumber(ARGV[4 + 2 * r])
 end
 local refused = {}
+local stopped                  -- the error of the first refused event
 local f = 0                    -- refused entries written
 local e = 0                    -- events done
 local id_at = 6 + 2 * runs     -- ARGV index of the next id
@@ -103,8 +108,10 @@ for r = 1, runs do
   local marker = ARGV[5 + 2 * r]
   local current, previous = KEYS[2 * r], KEYS[2 * r + 1]
   local known = {}
-  read_markers(current, known)
-  read_markers(previous, known)
+  if not stopped then
+    read_markers(current, known)
+    read_markers(previous, known)
+  end
   local any_known = next(known) ~= nil
   -- The events in the stream (added now, or found added), by the ARGV indexes of their id and
   -- created_at: their marker is built here only when it is not the one the relay sent.
@@ -135,7 +142,11 @@ for r = 1, runs do
     end
     local mark = any_known and id .. '|' .. stamp
     local holder = mark and known[mark]
-    if holder then
+    if stopped then
+      all = false
+      refused[f + 1], refused[f + 2] = e, stopped
+      f = f + 2
+    elseif holder then
       -- Added by an earlier call whose transaction never committed: not again.
       all = false
       holder.taken[mark] = true
@@ -183,7 +194,8 @@ for r = 1, runs do
         added[k], added_stamps[k] = at, stamp_at
       else
         all = false
-        refused[f + 1], refused[f + 2] = e, (type(entry) == 'table' and entry.err) or 'ERR XADD'
+        stopped = (type(entry) == 'table' and entry.err) or 'ERR XADD'
+        refused[f + 1], refused[f + 2] = e, stopped
         f = f + 2
       end
     end
