@@ -1159,13 +1159,17 @@ fn faults_campaign() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10.0);
+    let length: f64 = std::env::var("OUTBOX_FAULTS_SCHEDULE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60.0);
     println!("faults: campaign from seed {seed} for {minutes} minutes");
     let until = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
     let mut totals: BTreeMap<String, usize> = BTreeMap::new();
     let (mut schedules, mut events) = (0, 0);
     let mut next = seed;
     while Instant::now() < until {
-        let report = run_and_judge(next, Duration::from_secs(60));
+        let report = run_and_judge(next, Duration::from_secs_f64(length));
         schedules += 1;
         events += report.events;
         for (kind, n) in report.faults {
