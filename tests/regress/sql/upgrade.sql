@@ -81,3 +81,4 @@ FROM unnest(ARRAY['0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0', '0.6.0', '0.7.0',
 ORDER BY 1, 2, 3;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 DROP SCHEMA regress_upgrade CASCADE;
+DROP EXTENSION outbox;
