@@ -1,7 +1,7 @@
 # The two commands of the README, and a few more for development.
 # PG=16 (or PG_CONFIG=/path/to/pg_config) picks one PostgreSQL; without either, `make test`
 # runs the whole suite on every major tested here (15 to 19).
-.PHONY: demo test test-matrix installcheck bench faults install package lint docs
+.PHONY: demo test test-matrix installcheck bench faults install package deb-check lint docs
 
 demo:        ## Enqueue events on throwaway servers and watch them arrive in Redis (PACKAGE=1: from the .deb)
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" PACKAGE="$(PACKAGE)" scripts/demo.sh
@@ -28,6 +28,9 @@ package:     ## Debian packages and tarballs in target/package/, for PG (or ever
 	  PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/package.sh; \
 	else for major in 15 16 17 18 19; do PG=$$major PG_CONFIG= scripts/setup.sh && \
 	  PG=$$major PG_CONFIG= scripts/package.sh || exit 1; done; fi
+
+deb-check:   ## dpkg -i the PostgreSQL 19 package on a Debian unstable root with Debian's postgresql-19, and relay
+	PG=19 scripts/setup.sh && PG=19 scripts/package.sh && scripts/deb-check.sh
 
 install:     ## Build (release) and install into the chosen PostgreSQL
 	PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/setup.sh && PG="$(PG)" PG_CONFIG="$(PG_CONFIG)" scripts/install.sh --release
