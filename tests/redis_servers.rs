@@ -372,6 +372,18 @@ fn a_chunk_in_doubt_across_a_worker_crash_and_a_switch_goes_out_once() {
 /// before an earlier one that goes again once Redis takes writes.
 #[test]
 fn memory_freed_in_the_middle_of_a_round_trip_keeps_each_key_in_order() {
+    memory_freed_in_the_middle_of_a_round_trip("auto");
+}
+
+/// The same without dedupe, whose round trip was one `XADD` per event: Redis refused the first
+/// twenty and took the next twenty, which then reached the stream twice, the first time before
+/// the twenty. A user who may run `EVAL` now sends a stream's share as one call of `add.lua`.
+#[test]
+fn memory_freed_in_the_middle_of_a_round_trip_keeps_each_key_in_order_with_dedupe_off() {
+    memory_freed_in_the_middle_of_a_round_trip("off");
+}
+
+fn memory_freed_in_the_middle_of_a_round_trip(dedupe: &str) {
     let redis = Redis::start();
     let proxy = common::proxy::Proxy::start(redis.port);
     let url = proxy.url();
@@ -379,6 +391,7 @@ fn memory_freed_in_the_middle_of_a_round_trip_keeps_each_key_in_order() {
         ("outbox.redis_url", url.as_str()),
         ("outbox.redis_timeout", "2s"),
         ("outbox.poll_interval", "100ms"),
+        ("outbox.dedupe", dedupe),
     ]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
