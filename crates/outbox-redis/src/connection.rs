@@ -31,6 +31,9 @@ pub struct Connection {
     /// Whether Redis refused to size a window (the user's ACL names no `XINFO` or `XCFGSET`):
     /// markers then record no IDMP identity on this connection.
     windows_refused: bool,
+    /// Whether the user may run `EVAL`, once asked (only without dedupe, see
+    /// [`may_run_scripts`]).
+    may_script: Option<bool>,
     /// How the last chunk was deduplicated.
     pub in_use: Option<InUse>,
     /// The last round trip's buffer, emptied, for the next.
@@ -62,6 +65,7 @@ fn connect(target: &Target) -> Result<Connection, String> {
         features,
         configured: HashSet::new(),
         windows_refused: false,
+        may_script: None,
         in_use: None,
         spare: Packed::default(),
     })
@@ -116,6 +120,27 @@ fn size_windows(connection: &mut Connection, chunk: &Chunk) -> Result<(), Failed
     }
     connection.configured.extend(streams);
     Ok(())
+}
+
+/// Whether the connection's user may run `EVAL`, asked once per connection, without dedupe: a
+/// stream's share of a chunk then goes as one call of `add.lua`, which adds nothing after an
+/// event Redis refused, so that memory freed in the middle of a round trip cannot put a key's
+/// later events before its earlier ones. A user the README's rights for `off` allow (`+xadd`
+/// alone) sends plain `XADD`s, one per event, which that can reorder.
+fn may_run_scripts(connection: &mut Connection) -> Result<bool, Failed> {
+    if let Some(may) = connection.may_script {
+        return Ok(may);
+    }
+    let mut probe = redis::cmd("EVAL");
+    probe.arg("return 1").arg(0);
+    let may = match connection.link.run::<i64>(&probe) {
+        Ok(_) => true,
+        Err(e) if e.code() == Some("NOPERM") => false,
+        Err(e) if e.code().is_some() => return Err(Failed::Refused(describe(&e))),
+        Err(e) => return Err(Failed::Broken(describe(&e))),
+    };
+    connection.may_script = Some(may);
+    Ok(may)
 }
 
 /// Some of `chunk`'s events, sent on their own: the way the chunk went (if it went) is in doubt
@@ -299,10 +324,12 @@ fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fai
             Err(broken) => return Err(broken),
         }
     }
+    let plain = in_use == InUse::Off && !may_run_scripts(connection)?;
     let shape = Shape {
         dedupe: in_use,
         acked: target.stream_trim_acked && connection.features.acked,
         idmp: idmp_too,
+        plain,
     };
     let built = pipeline::build(chunk, script, &shape, std::mem::take(&mut connection.spare));
     let layout = built.layout;

@@ -2,7 +2,7 @@
 //! 8.6.2 or later): each `XADD` names a producer and the event's identity (`IDMP <producer>
 //! <id>`), and Redis adds an entry for an identity only once while its stream's window holds it.
 //! No marker keys, and in a cluster nothing but the stream in its slot. A stream's events go in
-//! one script call (`idmp_add.lua`), which Redis runs whole or not at all.
+//! one script call (`add.lua`), which Redis runs whole or not at all.
 //!
 //! What a crash can send again is what the relay published and had not durably marked: the
 //! batch in flight and the commits not yet flushed. The producer is the event's lane group (as

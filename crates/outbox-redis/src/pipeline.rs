@@ -1,5 +1,6 @@
 //! One round trip to Redis as a pipeline: the commands that publish a chunk of events (a script
-//! call per stream, with markers or with IDMP, or plain XADDs without dedupe), the deletion of
+//! call per stream: with markers, or with IDMP or no dedupe; plain XADDs without dedupe for a
+//! user who may not run scripts), the deletion of
 //! markers whose batch committed, trimming by age, and how the replies map back to events. No
 //! I/O here.
 
@@ -19,7 +20,7 @@ use crate::encode::{
 };
 use crate::outcome::{Answer, Failed, Markers, Outcome};
 use crate::resp::{Args, Packed};
-use crate::scripts::{ScriptCall, DEDUPE_SCRIPT, IDMP_SCRIPT};
+use crate::scripts::{ScriptCall, ADD_SCRIPT, DEDUPE_SCRIPT};
 use crate::server::InUse;
 use crate::target::Target;
 use crate::{idmp, xadd};
@@ -92,6 +93,9 @@ pub struct Shape {
     /// a chunk in doubt sent again the other way (the setting switched while a relay process
     /// died) adds nothing twice.
     pub idmp: bool,
+    /// Whether a chunk without dedupe goes as plain `XADD`s, one per event (its user may not run
+    /// `EVAL`), rather than as a call of `add.lua` per stream.
+    pub plain: bool,
 }
 
 /// How the pipeline's replies map back to events: per command, the batch positions it covers.
@@ -101,7 +105,7 @@ pub struct Layout {
     leading: usize,
     /// Whether the events' commands are calls of the markers' script.
     script: bool,
-    /// Whether they are calls of the IDMP script, which answers 0 when its stream does not
+    /// Whether they are calls of `add.lua` with IDMP, which answers 0 when its stream does not
     /// exist.
     idmp: bool,
     covers: Covers,
@@ -114,7 +118,7 @@ pub struct Layout {
 enum Covers {
     /// An `XADD` per event: command `k` covers the event at position `k`, of so many.
     Each(usize),
-    /// A script call per stream (markers' or IDMP's), covering that stream's events.
+    /// A script call per stream (the markers' or `add.lua`), covering that stream's events.
     Streams(Vec<Vec<usize>>),
 }
 
@@ -269,12 +273,13 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
             calls.push(positions);
         }
         layout.covers = Covers::Streams(calls);
-    } else if layout.idmp {
-        layout.covers = Covers::Streams(idmp_calls(
+    } else if layout.idmp || !shape.plain {
+        layout.covers = Covers::Streams(add_calls(
             &mut commands,
             chunk.events,
             target,
             shape.acked,
+            layout.idmp,
             |stream| {
                 if waits {
                     layout.slots.insert(key_slot(stream.as_bytes()));
@@ -303,14 +308,15 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
     }
 }
 
-/// Writes one call of the IDMP script per stream of the chunk (see `idmp_add.lua`), sent whole:
-/// its user needs `EVAL` for the streams' windows already. Returns the positions each call
-/// covers; `stream_seen` is told each stream key.
-fn idmp_calls(
+/// Writes one call of `add.lua` per stream of the chunk, with IDMP (`idmp`) or without dedupe,
+/// sent whole (with IDMP its user needs `EVAL` for the streams' windows already). Returns the
+/// positions each call covers; `stream_seen` is told each stream key.
+fn add_calls(
     commands: &mut Packed,
     events: &[Event],
     target: &Target,
     acked: bool,
+    idmp: bool,
     mut stream_seen: impl FnMut(&str),
 ) -> Vec<Vec<usize>> {
     let mut producers = idmp::Producers::default();
@@ -318,16 +324,19 @@ fn idmp_calls(
     for (stream, positions) in group_by_stream(&target.stream_prefix, events) {
         stream_seen(&stream);
         commands.command(|cmd| {
-            IDMP_SCRIPT.write_call(ScriptCall::Whole, cmd);
+            ADD_SCRIPT.write_call(ScriptCall::Whole, cmd);
             cmd.arg("1").arg(&stream);
             let acked = if acked { "a" } else { "" };
-            cmd.arg(format!("{}{acked}", target.stream_maxlen));
+            let with_idmp = if idmp { "i" } else { "" };
+            cmd.arg(format!("{}{acked}{with_idmp}", target.stream_maxlen));
             cmd.arg(&events[positions[0]].topic)
                 .arg(optional_fields(events, &positions));
             for &p in &positions {
                 let event = &events[p];
-                cmd.arg(producers.of(&target.marker_namespace, event.group));
-                idmp::identity_arg(cmd, event.id, event.created_at);
+                if idmp {
+                    cmd.arg(producers.of(&target.marker_namespace, event.group));
+                    idmp::identity_arg(cmd, event.id, event.created_at);
+                }
                 cmd.int(event.id).arg(&event.payload);
                 rfc3339_arg(cmd, event.created_at);
                 if let Some(key) = &event.key {
@@ -389,7 +398,7 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                     results[p] = Outcome::Failed(message.clone());
                 }
             }
-            Value::Array(items) if layout.script || layout.idmp => {
+            Value::Array(items) if matches!(layout.covers, Covers::Streams(_)) => {
                 // Pairs of an event's position in the script's share (from 1) and the error
                 // XADD gave it; the events not named are in the stream.
                 if items.len() % 2 != 0 {
@@ -424,7 +433,8 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                     results[p] = Outcome::Failed(message);
                 }
             }
-            Value::BulkString(_) | Value::SimpleString(_) if !layout.script && !layout.idmp => {}
+            Value::BulkString(_) | Value::SimpleString(_)
+                if matches!(layout.covers, Covers::Each(_)) => {}
             // The IDMP script's stream does not exist: it added nothing.
             Value::Int(0) if layout.idmp => missing.extend_from_slice(positions),
             other => {
@@ -475,11 +485,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// Without dedupe, plain `XADD`s; [`plain_or_not`] says otherwise.
     fn shape(dedupe: InUse) -> Shape {
+        plain_or_not(dedupe, true)
+    }
+
+    fn plain_or_not(dedupe: InUse, plain: bool) -> Shape {
         Shape {
             dedupe,
             acked: false,
             idmp: false,
+            plain,
         }
     }
 
@@ -584,6 +600,7 @@ pub(crate) mod tests {
             dedupe: InUse::Markers,
             acked: false,
             idmp: true,
+            plain: false,
         };
         let args = args(&listed(&built(&chunk, &shape))[0]);
         let argv = &args[6..];
@@ -654,6 +671,7 @@ pub(crate) mod tests {
             dedupe: InUse::Idmp,
             acked: true,
             idmp: false,
+            plain: false,
         };
         let built = built(&chunk, &shape);
         // One call per stream, sent whole: a's events 7 and 9, then b's 8.
@@ -667,7 +685,7 @@ pub(crate) mod tests {
             [
                 "1",
                 "a",
-                "1000a",
+                "1000ai",
                 "a",
                 "-k",
                 "t:3",
@@ -685,7 +703,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             args(&listed(&built)[1])[2..9],
-            ["1", "b", "1000a", "b", "-", "t:0", "8-0"]
+            ["1", "b", "1000ai", "b", "-", "t:0", "8-0"]
         );
         // A stream that does not exist adds nothing, and its events are named to go again.
         let none = || reply(b"*0\r\n");
@@ -700,6 +718,41 @@ pub(crate) mod tests {
             read(&chunk, &built.layout, vec![oom(), none()]),
             Err(Failed::Refused(error)) if error == "OOM"
         ));
+    }
+
+    #[test]
+    fn without_dedupe_a_call_per_stream_names_no_producer_unless_plain() {
+        let target = target(Dedupe::Off);
+        let mut events = [event(7, "a"), event(8, "b"), event(9, "a")];
+        events[2].key = Some("k".into());
+        let chunk = chunk_of(&target, &events);
+        let built = built(&chunk, &plain_or_not(InUse::Off, false));
+        assert_eq!(built.commands.len(), 2);
+        let a = args(&listed(&built)[0]);
+        assert_eq!(a[0], "EVAL");
+        let stamp = rfc3339(0);
+        // The bound without 'i', then per event its id, payload and created_at, and its key.
+        assert_eq!(
+            a[2..],
+            ["1", "a", "0", "a", "-k", "7", "{}", &stamp, "9", "{}", &stamp, "k"]
+        );
+        // A stream's events refused alike: the first named by Redis's error, the later ones by
+        // the same error, untried.
+        let none = || reply(b"*0\r\n");
+        let wrongtype = reply(b"*4\r\n:1\r\n$9\r\nWRONGTYPE\r\n:2\r\n$9\r\nWRONGTYPE\r\n");
+        let Ok(answer) = read(&chunk, &built.layout, vec![wrongtype, none()]) else {
+            panic!("a key error failed the chunk");
+        };
+        let failed = Outcome::Failed("WRONGTYPE".into());
+        assert_eq!(answer.results, [failed.clone(), Outcome::Added, failed]);
+        // Plain XADDs for a user who may not run scripts.
+        let plain = built_plain(&chunk);
+        assert_eq!(plain.commands.len(), 3);
+        assert_eq!(args(&listed(&plain)[0])[..3], ["XADD", "a", "*"]);
+    }
+
+    fn built_plain(chunk: &Chunk) -> Commands {
+        built(chunk, &plain_or_not(InUse::Off, true))
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The Lua scripts the relay publishes through (one call per stream and chunk: with markers, or
-//! with IDMP), and how a call names them: by SHA1 on a connection that has loaded them
+//! with IDMP or no dedupe), and how a call names them: by SHA1 on a connection that has loaded them
 //! (`EVALSHA`), or whole (`EVAL`) on a cluster, whose nodes may not have loaded them and whose
 //! pipelines take no `EVALSHA`.
 
@@ -11,8 +11,8 @@ use crate::resp::Args;
 
 /// The markers' script (`outbox.dedupe` with markers); see the file.
 pub const DEDUPE: &str = include_str!("dedupe.lua");
-/// The script that adds a stream's events with IDMP; see the file.
-pub const IDMP_ADD: &str = include_str!("idmp_add.lua");
+/// The script that adds a stream's events with IDMP or without dedupe; see the file.
+pub const ADD: &str = include_str!("add.lua");
 
 /// How a script is called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct Script {
 }
 
 pub static DEDUPE_SCRIPT: Script = Script::new(DEDUPE);
-pub static IDMP_SCRIPT: Script = Script::new(IDMP_ADD);
+pub static ADD_SCRIPT: Script = Script::new(ADD);
 
 impl Script {
     const fn new(source: &'static str) -> Script {
