@@ -17,6 +17,9 @@ deb="$(ls target/package/postgresql-19-outbox_*.deb 2>/dev/null | tail -n 1)"
 root=/var/tmp/outbox-sid
 mirror=http://deb.debian.org/debian
 in_root() { chroot "$root" "$@"; }
+# The packages' scripts and the server need /proc inside the root.
+mount_proc() { mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"; }
+trap 'umount "$root/proc" 2>/dev/null || true' EXIT
 
 if [ ! -x "$root/usr/lib/postgresql/19/bin/postgres" ]; then
   command -v debootstrap >/dev/null || {
@@ -27,6 +30,7 @@ if [ ! -x "$root/usr/lib/postgresql/19/bin/postgres" ]; then
     say "Making a Debian unstable root in $root (debootstrap)"
     debootstrap --variant=minbase sid "$root" "$mirror" >/dev/null
   fi
+  mount_proc
   echo "deb $mirror experimental main" >"$root/etc/apt/sources.list.d/experimental.list"
   # A mirror's Release files can be older than their validity on a machine whose clock is ahead.
   echo 'Acquire::Check-Valid-Until "false";' >"$root/etc/apt/apt.conf.d/99outbox"
@@ -53,7 +57,7 @@ cleanup() {
   rm -rf "$redis_dir"
 }
 trap cleanup EXIT
-mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+mount_proc
 
 say "dpkg -i $(basename "$deb") on $(in_root dpkg-query -W -f '${Package} ${Version}' postgresql-19)"
 cp "$deb" "$root/tmp/"
