@@ -21,7 +21,7 @@ fn outcomes(reply: Reply) -> Vec<Outcome> {
 
 /// Each event is one entry of `<prefix><topic>`, in id order, with the fields the contract
 /// names in its order: id, topic, payload, created_at, then key and headers only when set. The
-/// same through the dedupe script and through plain XADDs.
+/// same through the markers' script and, without dedupe, through `add.lua`.
 #[test]
 fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
     let redis = Redis::start();
