@@ -871,6 +871,8 @@ fn token_of(payload: &str) -> Option<String> {
 
 /// A stream entry as the checker reads it.
 struct Entry {
+    /// The entry's id in its stream: when Redis added it.
+    entry: String,
     id: i64,
     key: String,
     token: String,
@@ -881,8 +883,9 @@ fn stream_entries(backend: &Backend, stream: &str) -> Vec<Entry> {
     backend
         .entries(stream)
         .into_iter()
-        .filter_map(|(_, fields)| {
+        .filter_map(|(entry, fields)| {
             Some(Entry {
+                entry,
                 id: fields.get("id")?.parse().ok()?,
                 key: fields.get("key").cloned().unwrap_or_default(),
                 token: token_of(fields.get("payload")?)?,
@@ -1025,12 +1028,22 @@ fn check(seed: u64, servers: &Servers, history: &History, drained: bool) -> Repo
     }
     let mut disordered: BTreeSet<i64> = BTreeSet::new();
     for (stream, entries) in &in_streams {
-        let mut seen = BTreeSet::new();
+        // Each token's first entry, to name both when it comes again.
+        let mut seen: HashMap<&str, &str> = HashMap::new();
         let mut last: HashMap<&str, i64> = HashMap::new();
         let before = vanished.get(stream);
-        for Entry { id, key, token } in entries {
-            if !seen.insert(token.as_str()) {
-                violations.push(format!("event {id} ({token}) twice in {stream}"));
+        for Entry {
+            entry,
+            id,
+            key,
+            token,
+        } in entries
+        {
+            if let Some(first) = seen.insert(token.as_str(), entry.as_str()) {
+                violations.push(format!(
+                    "event {id} ({token}) twice in {stream}: entries {first} and {entry}"
+                ));
+                disordered.insert(*id);
             }
             if delayed.contains(token.as_str()) || before.is_some_and(|b| b.contains(token)) {
                 continue;
@@ -1045,7 +1058,7 @@ fn check(seed: u64, servers: &Servers, history: &History, drained: bool) -> Repo
             }
         }
     }
-    // What the outbox says of the events out of order, to tell how each went.
+    // What the outbox says of the events twice or out of order, to tell how each went.
     if !disordered.is_empty() {
         let ids: Vec<String> = disordered.iter().take(20).map(i64::to_string).collect();
         for row in servers.pg.query_retrying(&format!(
