@@ -19,7 +19,8 @@
 -- ARGV[1]             MAXLEN ~ bound, 0 for none; followed by 'a' to trim with ACKED (Redis 8.2+:
 --                     entries a consumer group has not acknowledged stay), then by 'i' where
 --                     Redis has IDMP: each XADD then carries the event's IDMP identity too, so
---                     that IDMP knows an event the markers added (see below)
+--                     that IDMP knows an event the markers added (see below); after 'i',
+--                     ':<seconds>:<ids>', the IDMP window a stream this call makes gets
 -- ARGV[2]             when the current period's hashes expire, in Unix milliseconds
 -- ARGV[3]             the events' topic
 -- ARGV[4]             one character per event: '-' for neither key nor headers, 'k' for a
@@ -39,7 +40,7 @@
 -- transaction never committed: it is not added again. With 'i', an event that IDMP has seen
 -- (sent with IDMP by a relay process that died before its commit, the setting switched since)
 -- is not added again either: XADD answers the entry it added then.
-local bound, acked, idmp = string.match(ARGV[1], '^(%d+)(a?)(i?)$')
+local bound, acked, idmp, window = string.match(ARGV[1], '^(%d+)(a?)(i?)(.*)$')
 idmp = idmp == 'i'
 local maxlen = tonumber(bound)
 local trim = acked == 'a' and 'ACKED' or nil
@@ -90,6 +91,18 @@ local function release(holders)
     else
       redis.call('HSET', holder.hash, holder.name, table.concat(left, ';'))
     end
+  end
+end
+
+-- With IDMP identities, a stream that does not exist (deleted since the relay's connection gave
+-- it its window) is made with its window before the first XADD records an identity in it: a
+-- window set later (XCFGSET) forgets the identities the stream holds, and an event in doubt sent
+-- again with IDMP would go in twice.
+if idmp and redis.call('EXISTS', stream) == 0 then
+  local duration, size = string.match(window, '^:(%d+):(%d+)$')
+  if duration then
+    redis.call('XADD', stream, 'MAXLEN', '0', '*', 'outbox', 'window')
+    redis.call('XCFGSET', stream, 'IDMP-DURATION', duration, 'IDMP-MAXSIZE', size)
   end
 end
 

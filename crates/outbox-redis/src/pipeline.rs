@@ -233,7 +233,15 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
             let topic = &chunk.events[positions[0]].topic;
             let shapes = optional_fields(chunk.events, &positions);
             let acked = if shape.acked { "a" } else { "" };
-            let idmp = if shape.idmp { "i" } else { "" };
+            let idmp = if shape.idmp {
+                format!(
+                    "i:{}:{}",
+                    idmp::window_seconds(target.dedupe_ttl),
+                    idmp::WINDOW_IDS
+                )
+            } else {
+                String::new()
+            };
             cmd.arg(format!("{}{acked}{idmp}", target.stream_maxlen))
                 .arg(period.expires_at_ms)
                 .arg(topic)
@@ -604,7 +612,9 @@ pub(crate) mod tests {
         };
         let args = args(&listed(&built(&chunk, &shape))[0]);
         let argv = &args[6..];
-        assert_eq!(argv[0], "0i", "the bound says IDMP is there");
+        // The bound says IDMP is there, and the window a stream the call makes gets.
+        let window = idmp::window_seconds(target.dedupe_ttl);
+        assert_eq!(argv[0], format!("0i:{window}:10000"));
         let (s0, s1) = (rfc3339(1_000), rfc3339(0));
         // After the run's ids: per event its payload, created_at, producer and identity, then
         // its key.
