@@ -61,6 +61,18 @@ pub fn reply_error(error: &redis::ServerError) -> String {
     }
 }
 
+/// The text of an error a script's `redis.pcall` gave, as a reply gives it: Redis 6.2 puts the
+/// script's place and a `-` before it (`@user_script: 194: -OOM command not allowed ...\r\n`),
+/// which would hide its code.
+pub fn script_error(text: &str) -> &str {
+    let text = text.trim_end();
+    let text = match text.strip_prefix("@user_script:") {
+        Some(rest) => rest.split_once(": ").map_or(rest, |(_, error)| error),
+        None => text,
+    };
+    text.trim_start_matches('-')
+}
+
 /// Whether a Redis error code concerns one event (its key) or the whole server. An ACL refusal
 /// (`NOPERM`) is the server's: it says what the relay's Redis user may do, and charging it to
 /// events would bury a whole backlog over a permission to fix.
@@ -427,8 +439,10 @@ pub fn read(chunk: &Chunk, layout: &Layout, values: Vec<Value>) -> Result<Answer
                         }
                     };
                     let message = match error {
-                        Value::BulkString(text) => String::from_utf8_lossy(&text).into_owned(),
-                        Value::SimpleString(text) => text,
+                        Value::BulkString(text) => {
+                            script_error(&String::from_utf8_lossy(&text)).to_string()
+                        }
+                        Value::SimpleString(text) => script_error(&text).to_string(),
                         other => {
                             return Err(Failed::Broken(format!(
                                 "unexpected error from the dedupe script: {other:?}"
@@ -798,6 +812,28 @@ pub(crate) mod tests {
         assert!(matches!(
             read(&chunk, &built.layout, vec![added(), added()]),
             Err(Failed::Broken(_))
+        ));
+    }
+
+    #[test]
+    fn a_scripts_error_is_read_without_the_place_redis_6_2_puts_before_it() {
+        let oom = "@user_script: 194: -OOM command not allowed when used memory > 'maxmemory'.\r\n";
+        assert_eq!(
+            script_error(oom),
+            "OOM command not allowed when used memory > 'maxmemory'."
+        );
+        assert_eq!(script_error("WRONGTYPE Operation"), "WRONGTYPE Operation");
+        let target = target(Dedupe::Markers);
+        let events = [event(1, "a")];
+        let chunk = chunk_of(&target, &events);
+        let layout = built(&chunk, &shape(InUse::Markers)).layout;
+        let reply = redis::Value::Array(vec![
+            redis::Value::Int(1),
+            redis::Value::BulkString(oom.as_bytes().to_vec()),
+        ]);
+        assert!(matches!(
+            read(&chunk, &layout, vec![reply]),
+            Err(Failed::Refused(error)) if error.starts_with("OOM ")
         ));
     }
 
