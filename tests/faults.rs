@@ -363,7 +363,13 @@ impl Backend {
             };
             match result {
                 Ok(value) => return value,
-                Err(_) if tries < 300 => thread::sleep(Duration::from_millis(100)),
+                Err(_) if tries < 300 => {
+                    if let (Backend::Cluster(cluster), 20) = (self, tries) {
+                        // Still failing: a slot without its owner, which no retry mends.
+                        cluster.repair();
+                    }
+                    thread::sleep(Duration::from_millis(100))
+                }
                 Err(e) => panic!("{cmd:?} failed: {e}"),
             }
         }
@@ -600,12 +606,13 @@ impl Servers {
                         cluster.wait_ok();
                         cluster.node_on(port).start_again();
                         format!(
-                            "primary {port} killed, back {}",
+                            "primary {port} killed, back {}{}",
                             if failed_over {
                                 "after its failover"
                             } else {
                                 "without a failover within 30 s"
-                            }
+                            },
+                            repaired(cluster)
                         )
                     }
                     // The sentinels fail over to the replica (5 s without an answer); the old
@@ -789,10 +796,11 @@ impl Servers {
                     .output()
                     .is_ok_and(|out| out.status.success());
                 format!(
-                    "{slots} slots resharded from {} to {}{}",
+                    "{slots} slots resharded from {} to {}{}{}",
                     primaries[from].1,
                     primaries[to].1,
-                    if done { "" } else { " (redis-cli failed)" }
+                    if done { "" } else { " (redis-cli failed)" },
+                    repaired(cluster)
                 )
             }
             Fault::Failover => {
@@ -863,6 +871,15 @@ impl Servers {
     }
 }
 
+/// What repairing the cluster did (see [`Cluster::repair`]), to add to a fault's description: a
+/// cluster the faults left without a slot's owner is an operator's to fix, not the relay's.
+fn repaired(cluster: &Cluster) -> String {
+    cluster
+        .repair()
+        .map(|done| format!("; {done}"))
+        .unwrap_or_default()
+}
+
 /// The token in an event's payload.
 fn token_of(payload: &str) -> Option<String> {
     let value: serde_json::Value = serde_json::from_str(payload).ok()?;
@@ -918,6 +935,14 @@ fn campaign(seed: u64, length: Duration) -> Report {
     stop.store(true, Ordering::SeqCst);
     for writer in writers {
         writer.join().expect("a writer panicked");
+    }
+    if let Backend::Cluster(cluster) = &servers.backend {
+        let repair = repaired(cluster);
+        if let Some(last) = history.faults.lock().unwrap().last_mut() {
+            if !repair.is_empty() {
+                last.2.push_str(&format!(" (after the faults{repair})"));
+            }
+        }
     }
     // Whatever the last reload said, two workers and markers or auto, to drain.
     let drained = wait_until(Duration::from_secs(120), || {

@@ -361,9 +361,50 @@ impl Cluster {
             .filter(|n| n.is_running())
             .map(|n| format!("redis://127.0.0.1:{}", n.port))
             .collect();
-        redis::cluster::ClusterClient::new(seeds)
+        // Bounded (a whole stream's entries can take seconds), so that a cluster left without a
+        // slot's owner fails a call rather than hangs.
+        redis::cluster::ClusterClient::builder(seeds)
+            .connection_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(30))
+            .build()
             .and_then(|c| c.get_connection())
             .expect("cannot connect to the cluster")
+    }
+
+    /// Repairs what `redis-cli --cluster check` finds wrong (a slot no node claims, nodes that
+    /// disagree on a slot's owner), as an operator would with `redis-cli --cluster fix`: a node
+    /// killed before it saved the end of a reshard can come back without a slot the others give
+    /// it. Says what it repaired, if anything.
+    pub fn repair(&self) -> Option<String> {
+        let seed = self.nodes.iter().find(|n| n.is_running())?.port;
+        let at = format!("127.0.0.1:{seed}");
+        // What a node just started or a reshard just ended disagrees on settles within seconds.
+        let mut errors = Vec::new();
+        for _ in 0..15 {
+            errors = cluster_errors(&at);
+            if errors.is_empty() {
+                return None;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        // The fix asks before it covers a slot: yes to each question.
+        let mut fix = Command::new("redis-cli")
+            .args(["--cluster", "fix", &at])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        if let Some(mut answers) = fix.stdin.take() {
+            use std::io::Write;
+            let _ = answers.write_all("yes\n".repeat(100).as_bytes());
+        }
+        let _ = fix.wait();
+        self.wait_ok();
+        Some(format!(
+            "cluster repaired (redis-cli --cluster fix): {}",
+            errors.join("; ")
+        ))
     }
 
     /// The `id` field of every entry of a stream, in stream order.
@@ -762,4 +803,21 @@ pub fn tls_conn(dir: &Path, port: u16) -> redis::RedisResult<redis::Connection> 
         },
     )?;
     client.get_connection_with_timeout(Duration::from_secs(2))
+}
+
+/// The errors `redis-cli --cluster check` reports of the cluster that the node `at` is in.
+fn cluster_errors(at: &str) -> Vec<String> {
+    let Ok(check) = Command::new("redis-cli")
+        .args(["--cluster", "check", at])
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&check.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.find("[ERR]")
+                .map(|start| l[start..].trim_end().to_string())
+        })
+        .collect()
 }
