@@ -299,12 +299,7 @@ fn a_reload_to_markers_with_an_idmp_chunk_in_doubt_publishes_it_once() {
         return;
     };
     assert_eq!(dedupe_shown(&pg).as_deref(), Some("idmp"));
-    pg.set(&[("outbox.dedupe", "markers")]);
-    assert!(wait_until(Duration::from_secs(20), || {
-        pg.log()
-            .lines()
-            .any(|l| l.contains("reloaded") && l.contains("dedupe=markers"))
-    }));
+    set_dedupe(&mut pg, "markers");
     proxy.swallow_replies(false);
     proxy.cut();
     assert!(
@@ -337,12 +332,7 @@ fn a_chunk_in_doubt_across_a_worker_crash_and_a_switch_goes_out_once() {
         return;
     };
     assert_eq!(dedupe_shown(&pg).as_deref(), Some("markers"));
-    pg.set(&[("outbox.dedupe", "auto")]);
-    assert!(wait_until(Duration::from_secs(20), || {
-        pg.log()
-            .lines()
-            .any(|l| l.contains("reloaded") && l.contains("dedupe=auto"))
-    }));
+    set_dedupe(&mut pg, "auto");
     let pid = *pg.worker_pids().first().expect("no worker");
     pg.kill9(pid);
     proxy.swallow_replies(false);
@@ -410,12 +400,7 @@ fn a_stream_made_again_by_markers_gets_its_idmp_window() {
 
     // With IDMP now, a chunk in doubt (Redis ran it, the reply was lost), sent again on a new
     // connection.
-    pg.set(&[("outbox.dedupe", "idmp")]);
-    assert!(wait_until(Duration::from_secs(20), || {
-        pg.log()
-            .lines()
-            .any(|l| l.contains("reloaded") && l.contains("dedupe=idmp"))
-    }));
+    set_dedupe(&mut pg, "idmp");
     proxy.swallow_replies(true);
     ids.extend(enqueue_many(&mut client, "remade", 40));
     assert!(
@@ -438,6 +423,32 @@ fn a_stream_made_again_by_markers_gets_its_idmp_window() {
         "the chunk in doubt went out twice"
     );
     assert_eq!(idmp_window(&redis, "remade"), Some(10_000));
+}
+
+/// Sets `outbox.dedupe` by a reload and waits until the worker has taken it.
+fn set_dedupe(pg: &mut Pg, dedupe: &str) {
+    pg.set(&[("outbox.dedupe", dedupe)]);
+    let reloaded = format!("dedupe={dedupe}");
+    assert!(wait_until(Duration::from_secs(20), || {
+        pg.log()
+            .lines()
+            .any(|l| l.contains("reloaded") && l.contains(&reloaded))
+    }));
+}
+
+/// Sets Redis's `maxmemory` (`"1"`: full from the next write; `"0"`: no limit).
+fn set_maxmemory(redis: &Redis, bytes: &str) {
+    let _: String = redis.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bytes));
+}
+
+/// Waits until nothing is pending, then checks that `stream` holds `ids`, once each, in order.
+fn published_in_order(pg: &Pg, redis: &Redis, stream: &str, ids: &[i64]) {
+    assert!(
+        wait_until(Duration::from_secs(30), || pg.pending() == 0),
+        "the events were not published once Redis took writes: {}",
+        pg.log()
+    );
+    assert_eq!(redis.ids(stream), ids, "the key's events are out of order");
 }
 
 /// Memory full when a round trip begins and freed in its middle: Redis refuses the commands it
@@ -476,10 +487,7 @@ fn memory_freed_in_the_middle_of_a_round_trip(dedupe: &str) {
         == 1));
 
     proxy.stop_commands_at("stop-here");
-    let set_maxmemory = |bytes: &str| {
-        let _: String = redis.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bytes));
-    };
-    set_maxmemory("1");
+    set_maxmemory(&redis, "1");
     // One key's 40 events in one transaction, the 21st carrying the text the proxy stops at.
     let rows = client
         .query(
@@ -495,18 +503,9 @@ fn memory_freed_in_the_middle_of_a_round_trip(dedupe: &str) {
         "the chunk did not reach the proxy"
     );
     // What came before the text reached Redis while its memory was full.
-    set_maxmemory("0");
+    set_maxmemory(&redis, "0");
     proxy.go_on();
-    assert!(
-        wait_until(Duration::from_secs(30), || pg.pending() == 0),
-        "the events were not published once Redis took writes: {}",
-        pg.log()
-    );
-    assert_eq!(
-        redis.ids("ordered"),
-        ids,
-        "the key's events are out of order"
-    );
+    published_in_order(&pg, &redis, "ordered", &ids);
 }
 
 /// Memory full, and an earlier round trip that Redis ran but whose transaction rolled back (its
@@ -562,10 +561,7 @@ fn memory_full_after_a_lost_round_trip_keeps_each_key_in_order() {
     );
     assert_eq!(pg.pending(), 5, "the lost round trip was marked");
 
-    let set_maxmemory = |bytes: &str| {
-        let _: String = redis.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(bytes));
-    };
-    set_maxmemory("1");
+    set_maxmemory(&redis, "1");
     ids.extend(keyed(&mut client, 200));
     assert!(ids[6] / 64 == ids[5] / 64 && ids[205] / 64 > ids[6] / 64);
     proxy.cut();
@@ -586,15 +582,6 @@ fn memory_full_after_a_lost_round_trip_keeps_each_key_in_order() {
     let charged: i64 =
         pg.query_retrying("SELECT count(*) FROM outbox WHERE attempts > 0")[0].get(0);
     assert_eq!(charged, 0, "events were charged for memory: {}", pg.log());
-    set_maxmemory("0");
-    assert!(
-        wait_until(Duration::from_secs(30), || pg.pending() == 0),
-        "the events were not published once Redis took writes: {}",
-        pg.log()
-    );
-    assert_eq!(
-        redis.ids("ordered"),
-        ids,
-        "the key's events are out of order"
-    );
+    set_maxmemory(&redis, "0");
+    published_in_order(&pg, &redis, "ordered", &ids);
 }
