@@ -221,6 +221,18 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
             .iter()
             .map(|event| rfc3339(event.created_at))
             .collect();
+        // The script's first argument, the same for every stream of the chunk.
+        let acked = if shape.acked { "a" } else { "" };
+        let window = if shape.idmp {
+            format!(
+                "i:{}:{}",
+                idmp::window_seconds(target.dedupe_ttl),
+                idmp::WINDOW_IDS
+            )
+        } else {
+            String::new()
+        };
+        let bound = format!("{}{acked}{window}", target.stream_maxlen);
         for (stream, positions) in group_by_stream(&target.stream_prefix, chunk.events) {
             let runs = shard_runs(chunk.events, &positions);
             let mut cmd = DEDUPE_SCRIPT.call(script);
@@ -244,17 +256,7 @@ pub fn build(chunk: &Chunk, script: ScriptCall, shape: &Shape, mut commands: Pac
             }
             let topic = &chunk.events[positions[0]].topic;
             let shapes = optional_fields(chunk.events, &positions);
-            let acked = if shape.acked { "a" } else { "" };
-            let idmp = if shape.idmp {
-                format!(
-                    "i:{}:{}",
-                    idmp::window_seconds(target.dedupe_ttl),
-                    idmp::WINDOW_IDS
-                )
-            } else {
-                String::new()
-            };
-            cmd.arg(format!("{}{acked}{idmp}", target.stream_maxlen))
+            cmd.arg(&bound)
                 .arg(period.expires_at_ms)
                 .arg(topic)
                 .arg(shapes)
@@ -341,14 +343,18 @@ fn add_calls(
 ) -> Vec<Vec<usize>> {
     let mut producers = idmp::Producers::default();
     let mut calls = Vec::new();
+    let bound = format!(
+        "{}{}{}",
+        target.stream_maxlen,
+        if acked { "a" } else { "" },
+        if idmp { "i" } else { "" }
+    );
     for (stream, positions) in group_by_stream(&target.stream_prefix, events) {
         stream_seen(&stream);
         commands.command(|cmd| {
             ADD_SCRIPT.write_call(ScriptCall::Whole, cmd);
             cmd.arg("1").arg(&stream);
-            let acked = if acked { "a" } else { "" };
-            let with_idmp = if idmp { "i" } else { "" };
-            cmd.arg(format!("{}{acked}{with_idmp}", target.stream_maxlen));
+            cmd.arg(&bound);
             cmd.arg(&events[positions[0]].topic)
                 .arg(optional_fields(events, &positions));
             for &p in &positions {
