@@ -1,7 +1,9 @@
 //! How long the relay waits: after losing Redis, and between passes under a stream of commits.
-//! Pure logic, unit-tested.
+//! Pure logic, unit-tested (the one reading of the scheduler's clock is `contention.rs`'s).
 
 use std::time::{Duration, Instant};
+
+use super::contention::{self, Contention};
 
 /// First wait after Redis becomes unreachable.
 pub const INITIAL: Duration = Duration::from_millis(100);
@@ -34,32 +36,49 @@ impl Backoff {
 
 /// Least time between the starts of two passes woken by commits.
 pub const SPACING: Duration = Duration::from_millis(1);
-/// Most time between the starts of two passes woken by commits: what a commit may wait for the
-/// next pass to start, at most.
-pub const MAX_SPACING: Duration = Duration::from_millis(8);
-/// Events per second for each millisecond between passes: the busier the stream, the longer
-/// the next pass waits (2 ms at 5,000 events/s, 4 ms at 10,000).
-pub const EVENTS_PER_SECOND_PER_MS: f64 = 2_500.0;
+
+/// How far apart passes are spaced while commits keep coming: 1 ms for each `per_ms` events a
+/// second the last pass saw, from [`SPACING`] up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spacing {
+    pub per_ms: u32,
+    pub max: Duration,
+}
+
+/// With CPUs to spare: 2 ms at 5,000 events/s, 4 ms at 10,000, at most 8 ms, what a commit may
+/// wait for the next pass to start.
+pub const IDLE_CPUS: Spacing = Spacing {
+    per_ms: 2_500,
+    max: Duration::from_millis(8),
+};
+
+/// While the relay's thread waits for a CPU (`contention.rs`): every pass then takes CPU from
+/// the writers, so passes carry ten times the events, 4 ms at 1,000 events/s, at most 20 ms.
+pub const CONTENDED_CPUS: Spacing = Spacing {
+    per_ms: 250,
+    max: Duration::from_millis(20),
+};
 
 /// Least time between the starts of two passes woken by commits, given how many events the
-/// last pass published and how long after the pass before it that pass started.
+/// last pass published, how long after the pass before it that pass started, and the spacing
+/// the machine's load calls for.
 ///
 /// A pass that found nothing lets the next commit be published at once. Otherwise the next
 /// pass takes what committed since this one started: it starts as soon as a commit wakes the
 /// relay, but no sooner than [`SPACING`] after this one, so that a pass gathers at least a
 /// millisecond of commits instead of paying a transaction and a round trip per commit. The
-/// busier the stream (at the rate the last pass saw), the longer the wait, up to
-/// [`MAX_SPACING`]: every pass costs a transaction and a Redis round trip however few events it
+/// busier the stream (at the rate the last pass saw), the longer the wait, up to the
+/// spacing's most: every pass costs a transaction and a Redis round trip however few events it
 /// carries, and under a heavy stream the relay would otherwise take CPU from the writers for
 /// passes of a few events each. Batches grow with the load, up to `outbox.batch_size`, after
 /// which passes follow each other at once.
-pub fn pass_spacing(published: u64, since_previous: Duration) -> Duration {
+pub fn pass_spacing(published: u64, since_previous: Duration, spacing: Spacing) -> Duration {
     if published == 0 {
         return Duration::ZERO;
     }
     let rate = published as f64 / since_previous.as_secs_f64().max(1e-6);
-    Duration::from_micros((rate / EVENTS_PER_SECOND_PER_MS * 1000.0).min(1e9) as u64)
-        .clamp(SPACING, MAX_SPACING)
+    Duration::from_micros((rate / f64::from(spacing.per_ms) * 1000.0).min(1e9) as u64)
+        .clamp(SPACING, spacing.max)
 }
 
 /// When the next pass may start, from when the last two started and what the last published.
@@ -69,6 +88,7 @@ pub struct Pacing {
     /// From the start of the pass before the last one to the start of the last one.
     interval: Duration,
     published: u64,
+    contention: Contention,
 }
 
 impl Pacing {
@@ -77,12 +97,16 @@ impl Pacing {
             last_started: now,
             interval: Duration::ZERO,
             published: 0,
+            contention: Contention::new(now, contention::read()),
         }
     }
 
     pub fn pass_started(&mut self, now: Instant) {
         self.interval = now.saturating_duration_since(self.last_started);
         self.last_started = now;
+        if self.contention.due(now) {
+            self.contention.sample(now, contention::read());
+        }
     }
 
     pub fn pass_ended(&mut self, events: u64) {
@@ -90,7 +114,12 @@ impl Pacing {
     }
 
     pub fn next_pass_at(&self) -> Instant {
-        self.last_started + pass_spacing(self.published, self.interval)
+        let spacing = if self.contention.contended() {
+            CONTENDED_CPUS
+        } else {
+            IDLE_CPUS
+        };
+        self.last_started + pass_spacing(self.published, self.interval, spacing)
     }
 }
 
@@ -130,16 +159,31 @@ mod tests {
     #[test]
     fn passes_are_spaced_by_the_rate_within_bounds() {
         let ms = Duration::from_millis;
-        assert_eq!(pass_spacing(0, ms(3)), Duration::ZERO);
+        let idle = IDLE_CPUS;
+        assert_eq!(pass_spacing(0, ms(3), idle), Duration::ZERO);
         // 5 events in 10 ms, 500 a second: the least spacing.
-        assert_eq!(pass_spacing(5, ms(10)), SPACING);
+        assert_eq!(pass_spacing(5, ms(10), idle), SPACING);
         // 10 events in 2 ms, 5,000 a second: 2 ms.
-        assert_eq!(pass_spacing(10, ms(2)), ms(2));
+        assert_eq!(pass_spacing(10, ms(2), idle), ms(2));
         // 40 events in 4 ms, 10,000 a second: 4 ms.
-        assert_eq!(pass_spacing(40, ms(4)), ms(4));
-        assert_eq!(pass_spacing(1_000, ms(1)), MAX_SPACING);
-        assert_eq!(pass_spacing(u64::MAX, Duration::ZERO), MAX_SPACING);
-        assert_eq!(pass_spacing(1, Duration::MAX), SPACING);
+        assert_eq!(pass_spacing(40, ms(4), idle), ms(4));
+        assert_eq!(pass_spacing(1_000, ms(1), idle), idle.max);
+        assert_eq!(pass_spacing(u64::MAX, Duration::ZERO, idle), idle.max);
+        assert_eq!(pass_spacing(1, Duration::MAX, idle), SPACING);
+    }
+
+    #[test]
+    fn contended_cpus_space_passes_ten_times_as_far() {
+        let ms = Duration::from_millis;
+        let busy = CONTENDED_CPUS;
+        assert_eq!(pass_spacing(0, ms(3), busy), Duration::ZERO);
+        // 1,000 events a second: 4 ms; 2,500: 10 ms, ten times the idle machine's 1 ms.
+        assert_eq!(pass_spacing(4, ms(4), busy), ms(4));
+        assert_eq!(pass_spacing(25, ms(10), busy), ms(10));
+        assert_eq!(pass_spacing(25, ms(10), IDLE_CPUS), SPACING);
+        // 6,000 a second: the most, 20 ms.
+        assert_eq!(pass_spacing(60, ms(10), busy), busy.max);
+        assert_eq!(pass_spacing(1, Duration::MAX, busy), SPACING);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod backoff;
 mod batch;
 mod claim;
 mod claims;
+mod contention;
 mod cursor;
 pub mod databases;
 mod delayed;
