@@ -241,6 +241,15 @@ fn the_listeners_are_counted_as_sessions_listen_and_stop() {
     let mut far = pg.connect_to("elsewhere");
     far.batch_execute("LISTEN outbox").unwrap();
     assert_eq!(listeners(&mut admin), 2);
+    // Nor notified: this database's commit reaches its own listeners only.
+    admin
+        .batch_execute("SELECT outbox_enqueue('here', '{}')")
+        .unwrap();
+    let got = notifications(&mut a, Duration::from_secs(5), 1);
+    assert_eq!(got, [("outbox".to_string(), "here".to_string())]);
+    far.batch_execute("SELECT 1").unwrap();
+    let heard_far = notifications(&mut far, Duration::from_millis(300), 1);
+    assert!(heard_far.is_empty(), "another database heard {heard_far:?}");
 
     // A subtransaction's UNLISTEN that rolls back leaves the session listening.
     a.batch_execute("BEGIN; SAVEPOINT s; UNLISTEN outbox; ROLLBACK TO s; COMMIT")
