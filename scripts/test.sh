@@ -13,12 +13,15 @@ cd "$here/.."
 
 # The Debian package, on Debian's own PostgreSQL, is tested at the end. Its release build takes
 # minutes of one core, so it starts now, at the lowest priority, and uses what the lints and tests
-# leave idle (cargo locks the debug and release builds separately).
+# leave idle (cargo locks the debug and release builds separately). It runs in a session of its
+# own, so that it can be stopped as a whole; where the kernel groups the CPU by session
+# (autogroup), that session's group gets the lowest priority too, or it would get half the CPU.
 package_build=""
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ] && is_root; then
   package_log="$(mktemp)"
   say "Building the Debian package meanwhile, at the lowest priority (scripts/package.sh, log in $package_log)"
-  setsid nice -n 19 "$here/package.sh" >"$package_log" 2>&1 &
+  setsid sh -c '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; exec nice -n 19 "$0"' "$here/package.sh" \
+    >"$package_log" 2>&1 &
   package_build=$!
   trap 'kill -- -"$package_build" 2>/dev/null || true; rm -f "$package_log"' EXIT
 fi
