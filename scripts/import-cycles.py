@@ -9,7 +9,10 @@ uses that file). `pub use` re-exports are followed to the file that defines the 
 and string literals are ignored; inline `mod tests { ... }` blocks count as part of their file.
 
 Prints every circle (each strongly connected set of files, with the edges inside it and where
-each comes from) and exits 1 if there is one, 0 if none.
+each comes from). For the extension's src/ it then checks the folders: each top-level folder (and
+root file) sits on a layer of LAYERS, and a file may import only from its own folder or from a
+folder on a lower layer; every import that runs up or sideways is printed with where it comes
+from. Exits 1 if there is a circle or such an import, 0 if none.
 
 Usage: scripts/import-cycles.py [SRC_DIR]   (default: src)
 """
@@ -17,6 +20,19 @@ Usage: scripts/import-cycles.py [SRC_DIR]   (default: src)
 import os
 import re
 import sys
+
+# The extension's folders, top layer first, as src/lib.rs describes them: a folder imports only
+# from layers below its own (folders on one layer do not import each other).
+LAYERS = [
+    ["lib"],
+    ["hooks", "status"],
+    ["relay", "write"],
+    ["retention"],
+    ["shmem"],
+    ["gucs"],
+    ["pg"],
+    ["model"],
+]
 
 
 def strip(text):
@@ -246,9 +262,10 @@ def main():
             visit(v)
 
     print(f"{len(files)} files, {len(edges)} file-to-file edges")
+    wrong = folder_order(files, edges) if is_extension(src) else 0
     if not sccs:
         print("no import circles")
-        return 0
+        return 1 if wrong else 0
     for scc in sccs:
         print("circle: " + ", ".join(files[m] for m in scc))
         for (a, b), whys in sorted(edges.items()):
@@ -257,6 +274,34 @@ def main():
                 for why in sorted(set(whys))[:3]:
                     print(f"      {why}")
     return 1
+
+
+def is_extension(src):
+    """Whether `src` is the extension's own src/ (the crates' have no folders to order)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.abspath(src) == os.path.join(os.path.dirname(here), "src")
+
+
+def folder_order(files, edges):
+    """Prints the imports between top-level folders that do not run down LAYERS; their count."""
+    layer = {name: depth for depth, names in enumerate(LAYERS) for name in names}
+    wrong = 0
+    folders = sorted({(m[0] if m else "lib") for m in files})
+    for folder in folders:
+        if folder not in layer:
+            print(f"folder {folder} is on no layer of LAYERS in {os.path.basename(__file__)}")
+            wrong += 1
+    for (a, b), whys in sorted(edges.items()):
+        fa, fb = (a[0] if a else "lib"), (b[0] if b else "lib")
+        if fa == fb or fa not in layer or fb not in layer or layer[fa] < layer[fb]:
+            continue
+        wrong += 1
+        print(f"import up or sideways: {files[a]} -> {files[b]} ({fa} -> {fb})")
+        for why in sorted(set(whys))[:3]:
+            print(f"      {why}")
+    if not wrong:
+        print("folders import only downward: " + " > ".join("/".join(names) for names in LAYERS))
+    return wrong
 
 
 if __name__ == "__main__":

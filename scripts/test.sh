@@ -44,6 +44,10 @@ else
   cargo fmt --all -- --check
   say "Checking the Markdown links and anchors (scripts/check-links.py)"
   python3 "$here/check-links.py"
+  say "Checking that the code imports in no circle, and the extension's folders only downward (scripts/import-cycles.py)"
+  for crate in src crates/outbox-redis/src crates/outbox-consumer/src; do
+    python3 "$here/import-cycles.py" "$crate" | tail -n +2
+  done
   say "Linting for PostgreSQL $PG_MAJOR (cargo clippy -D warnings)"
   cargo clippy --workspace --all-targets "${CARGO_FEATURES[@]}" -- -D warnings
   say "Running the unit tests: the extension's pure logic, the Redis side's (each starts its own redis-server) and the consumer's"

@@ -6,8 +6,13 @@
 //! The code is grouped by concern: `write/` runs in the caller's transaction, `relay/` is the
 //! background workers, `retention/` keeps the table to `outbox.retention`, `shmem/` is what the
 //! backends and the workers share, `hooks/` what the extension hooks into every backend, `pg/`
-//! the PostgreSQL plumbing both sides use, `gucs/` every `outbox.*` setting, and `status.rs`
-//! the functions behind the views. The Redis side is the `outbox-redis` crate.
+//! the PostgreSQL plumbing both sides use, `gucs/` every `outbox.*` setting, `model/` what they
+//! all agree on (the partition ring, lanes, W3C trace context), and `status.rs` the functions
+//! behind the views. The Redis side is the `outbox-redis` crate.
+//!
+//! Folders import only downward, in this order: `hooks/` and `status.rs`; `relay/` and `write/`,
+//! side by side and not importing each other; `retention/`; `shmem/`; `gucs/`; `pg/`; `model/`.
+//! `scripts/import-cycles.py` checks it.
 
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReport;
@@ -16,6 +21,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 mod gucs;
 mod hooks;
+mod model;
 mod pg;
 mod relay;
 mod retention;

@@ -9,7 +9,7 @@ use common::sql::one;
 use common::{enqueue_many, wait_until, Pg, Redis};
 use postgres::Client;
 
-/// Ids in one run of the ring (`src/retention/ring.rs`).
+/// Ids in one run of the ring (`src/model/ring.rs`).
 const CHUNK: i64 = 1 << 16;
 
 /// Rows, size on disk, file and deletes counted so far of one partition.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use outbox_redis::redis_url;
 use pgrx::pg_sys;
 
-use crate::relay::databases::Selection;
+use crate::model::databases::Selection;
 
 /// Reads a GUC check hook's candidate value.
 ///
@@ -111,7 +111,7 @@ pub(super) unsafe extern "C-unwind" fn check_database(
     match Selection::parse(value) {
         Ok(_) => true,
         Err(why) => {
-            check_text(CheckText::Detail, &why);
+            check_text(CheckText::Detail, &why.to_string());
             false
         }
     }
@@ -146,7 +146,7 @@ pub(super) unsafe extern "C-unwind" fn check_traceparent(
 ) -> bool {
     // SAFETY: called by PostgreSQL as a string check hook.
     let value = unsafe { candidate_bytes(newval) };
-    if value.is_empty() || crate::write::w3c::is_traceparent(value) {
+    if value.is_empty() || crate::model::w3c::is_traceparent(value) {
         return true;
     }
     check_text(
@@ -165,14 +165,14 @@ pub(super) unsafe extern "C-unwind" fn check_tracestate(
 ) -> bool {
     // SAFETY: called by PostgreSQL as a string check hook.
     let value = unsafe { candidate_bytes(newval) };
-    if value.is_empty() || crate::write::w3c::is_tracestate(value) {
+    if value.is_empty() || crate::model::w3c::is_tracestate(value) {
         return true;
     }
     check_text(
         CheckText::Detail,
         &format!(
             "A tracestate is a list of key=value members in printable ASCII, at most {} bytes.",
-            crate::write::w3c::MAX_TRACESTATE_BYTES
+            crate::model::w3c::MAX_TRACESTATE_BYTES
         ),
     );
     false

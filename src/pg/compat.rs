@@ -66,9 +66,13 @@ pub fn reserve_guc_prefix() {
     }
 }
 
-/// Asks for `size` bytes of shared memory. Called from `_PG_init` while preloading: the
-/// request must come from `shmem_request_hook`, which is installed here, chained to any earlier
-/// hook.
+/// The tranche of the extension's one LWLock in shared memory, as `pg_stat_activity` names a
+/// wait on it (`LWLock` / `outbox`).
+pub const LOCK_TRANCHE: &std::ffi::CStr = c"outbox";
+
+/// Asks for `size` bytes of shared memory and one LWLock in tranche [`LOCK_TRANCHE`]. Called
+/// from `_PG_init` while preloading: the requests must come from `shmem_request_hook`, which is
+/// installed here, chained to any earlier hook.
 pub fn request_shared_memory(size: usize) {
     // SAFETY: _PG_init runs single-threaded in the postmaster; chaining hooks is the documented
     // way for an extension to take part in shared-memory setup.
@@ -97,6 +101,7 @@ unsafe extern "C-unwind" fn request_shmem() {
             previous();
         }
         pg_sys::RequestAddinShmemSpace(size);
+        pg_sys::RequestNamedLWLockTranche(LOCK_TRANCHE.as_ptr(), 1);
     }
 }
 
@@ -144,4 +149,14 @@ pub fn owns_database(oid: pg_sys::Oid) -> bool {
 pub fn wal_flushed_to() -> u64 {
     // SAFETY: reads shared WAL state under its spinlock.
     unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) }
+}
+
+/// The LWLock that [`request_shared_memory`] asked for. Only valid once shared memory is set
+/// up, in a process attached to it.
+///
+/// # Safety
+/// Must run in `shmem_startup_hook` or later, in a server that preloaded the library.
+pub unsafe fn tranche_lock() -> *mut pg_sys::LWLock {
+    // SAFETY: the caller's promise: the tranche was requested and shared memory is set up.
+    unsafe { &raw mut (*pg_sys::GetNamedLWLockTranche(LOCK_TRANCHE.as_ptr())).lock }
 }

@@ -10,6 +10,36 @@ use std::borrow::Cow;
 
 use pgrx::pg_sys;
 
+/// Why text of the database has no UTF-8 form; said after the text's name (`payload is not
+/// UTF-8 ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotUtf8 {
+    /// Bytes of a `SQL_ASCII` database (or of a UTF-8 one, read unchecked) that are not UTF-8.
+    Invalid(String),
+    /// The database's encoding has no conversion to UTF-8.
+    NoConversion,
+    /// Too long to convert in memory.
+    TooLong,
+    /// A character, at this byte, has no equivalent in UTF-8.
+    NoEquivalent(i32),
+}
+
+impl std::fmt::Display for NotUtf8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotUtf8::Invalid(why) => write!(f, "is not valid UTF-8: {why}"),
+            NotUtf8::NoConversion => f.write_str(
+                "cannot be converted to UTF-8: the database's encoding has no conversion to it",
+            ),
+            NotUtf8::TooLong => f.write_str("is too long to be converted to UTF-8"),
+            NotUtf8::NoEquivalent(at) => write!(
+                f,
+                "cannot be converted to UTF-8: the character at byte {at} has no equivalent in it"
+            ),
+        }
+    }
+}
+
 /// Whether the current database's encoding is UTF-8 (its text needs no conversion).
 pub fn database_is_utf8() -> bool {
     // SAFETY: reads the session's database encoding.
@@ -17,7 +47,7 @@ pub fn database_is_utf8() -> bool {
 }
 
 /// `bytes`, text of the current database, as UTF-8; else why it cannot be.
-pub fn to_utf8(bytes: &[u8]) -> Result<Cow<'_, [u8]>, String> {
+pub fn to_utf8(bytes: &[u8]) -> Result<Cow<'_, [u8]>, NotUtf8> {
     // SAFETY: reads the session's database encoding.
     let encoding = unsafe { pg_sys::GetDatabaseEncoding() };
     // Every server encoding keeps ASCII as it is.
@@ -27,9 +57,9 @@ pub fn to_utf8(bytes: &[u8]) -> Result<Cow<'_, [u8]>, String> {
     if encoding == pg_sys::pg_enc::PG_SQL_ASCII as i32 {
         return match std::str::from_utf8(bytes) {
             Ok(_) => Ok(Cow::Borrowed(bytes)),
-            Err(e) => Err(format!(
-                "is not UTF-8 (a SQL_ASCII database stores any bytes): {e}"
-            )),
+            Err(e) => Err(NotUtf8::Invalid(format!(
+                "{e} (a SQL_ASCII database stores any bytes)"
+            ))),
         };
     }
     convert(encoding, bytes).map(Cow::Owned)
@@ -46,15 +76,12 @@ pub fn shown(bytes: &[u8]) -> String {
 
 /// Converts with the database's default conversion to UTF-8, stopping at the first character
 /// that has no equivalent.
-fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
+fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, NotUtf8> {
     let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
     // SAFETY: a catalog lookup inside the caller's transaction.
     let proc = unsafe { pg_sys::FindDefaultConversionProc(encoding, utf8) };
     if proc == pg_sys::InvalidOid {
-        return Err(
-            "cannot be converted to UTF-8: the database's encoding has no conversion to it"
-                .to_string(),
-        );
+        return Err(NotUtf8::NoConversion);
     }
     let growth = pg_sys::MAX_CONVERSION_GROWTH as usize;
     let (Ok(length), Some(Ok(room))) = (
@@ -65,11 +92,11 @@ fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
             .and_then(|n| n.checked_add(1))
             .map(i32::try_from),
     ) else {
-        return Err("is too long to be converted to UTF-8".to_string());
+        return Err(NotUtf8::TooLong);
     };
     let mut out = Vec::new();
     if out.try_reserve_exact(room as usize).is_err() {
-        return Err("is too long to be converted to UTF-8".to_string());
+        return Err(NotUtf8::TooLong);
     }
     out.resize(room as usize, 0);
     // SAFETY: `bytes` is read for `length` bytes and not written to; `out` has room for the
@@ -89,9 +116,7 @@ fn convert(encoding: i32, bytes: &[u8]) -> Result<Vec<u8>, String> {
         )
     };
     if read < length {
-        return Err(format!(
-            "cannot be converted to UTF-8: the character at byte {read} has no equivalent in it"
-        ));
+        return Err(NotUtf8::NoEquivalent(read));
     }
     let end = out.iter().position(|&b| b == 0).unwrap_or(out.len());
     out.truncate(end);

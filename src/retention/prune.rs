@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use pgrx::prelude::*;
 
-use crate::relay::schema::{Schema, SCHEMA};
-use crate::relay::worker::{self, in_transaction, End};
+use crate::pg::schema::{Schema, SCHEMA};
+use crate::pg::worker::{self, in_transaction, End};
 use crate::shmem::DatabaseShare;
 
 /// Least time between two pruning rounds, across all workers.

@@ -1,4 +1,4 @@
-//! Emptying the ring's partitions (see `ring.rs`): a partition whose rows are all published,
+//! Emptying the ring's partitions (see `model/ring.rs`): a partition whose rows are all published,
 //! and were all marked more than `outbox.retention` ago, is emptied with `TRUNCATE`. That
 //! leaves no dead row versions and gives the space back at once, where deleting the rows one by
 //! one would leave three dead versions per event for autovacuum, which comes once a minute at
@@ -30,9 +30,9 @@ use std::time::Duration;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::ring::{self, LEAVES};
-use crate::relay::schema::{Schema, SCHEMA};
-use crate::relay::worker::{self, in_transaction, End};
+use crate::model::ring::{self, LEAVES};
+use crate::pg::schema::{Schema, SCHEMA};
+use crate::pg::worker::{self, in_transaction, End};
 use crate::shmem::DatabaseShare;
 
 /// Least time between two looks for partitions to empty, across all workers, unless a
@@ -370,7 +370,7 @@ fn cancel_autovacuums(oid: pg_sys::Oid) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retention::ring::CHUNK;
+    use crate::model::ring::CHUNK;
 
     fn leaves(marked_at: i64, bytes: i64) -> [Leaf; LEAVES] {
         [Leaf { marked_at, bytes }; LEAVES]

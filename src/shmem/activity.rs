@@ -4,18 +4,18 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::retention::ring::LEAVES;
+use crate::model::ring::LEAVES;
 
 /// Transactions that enqueued, counted when they enqueue first and again when they have ended
 /// (after their commit became visible, or at their rollback or PREPARE). A relay may claim past
 /// its last batch only while the two counts stayed equal: then no enqueued event can have
-/// become visible below it since (see `relay/cursor.rs`).
+/// become visible below it since (see `relay/claim/cursor.rs`).
 ///
 /// Beside them, per partition of the ring, counts of the commits that wrote to it: one as a
 /// transaction is about to commit, one once its commit is visible (or, after the first, once it
 /// aborted). A relay that found a partition without a claimable event need not look into it
 /// again until the counts move, and may trust that only while the two are equal: no commit is
-/// between them (see `relay/cursor.rs`).
+/// between them (see `relay/claim/cursor.rs`).
 #[repr(C)]
 pub struct EnqueueActivity {
     started: AtomicU64,

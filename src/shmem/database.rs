@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::time::{time_or_null, NO_TIME};
-use crate::retention::ring::LEAVES;
+use crate::model::ring::LEAVES;
 
 /// Events a relay transaction published, charged a failed attempt, and moved to
 /// `outbox_dead`.

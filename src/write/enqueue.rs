@@ -18,8 +18,9 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, varlena, PgLogLevel, PgSqlErrorCode};
 
-use super::{insert, lane, notify, trace, wake};
+use super::{insert, notify, trace, wake};
 use crate::gucs;
+use crate::model::lane;
 use crate::pg::utf8;
 
 /// Longest topic accepted, in bytes: topics become Redis keys and channel payloads.

@@ -2,7 +2,7 @@
 //! enqueues an event.
 //!
 //! `outbox_enqueue` checks its arguments (`enqueue.rs`), adds the trace context of the statement
-//! that called it (`trace.rs`), gives the event its lane (`lane.rs`), inserts the row through the
+//! that called it (`trace.rs`), gives the event its lane (`model/lane.rs`), inserts the row through the
 //! executor (`insert/`), asks for the relay to be woken when the transaction commits
 //! (`wake.rs`), and notes its topic for the notification sent at commit (`notify.rs`). What a
 //! backend keeps between calls is wrapped in `backend.rs`. Nothing here
@@ -11,8 +11,6 @@
 pub mod backend;
 mod enqueue;
 pub mod insert;
-pub mod lane;
 mod notify;
 mod trace;
-pub mod w3c;
 pub mod wake;

@@ -19,8 +19,8 @@ use pgrx::fcinfo::direct_function_call_as_datum;
 use pgrx::pg_sys;
 use pgrx::IntoDatum;
 
-use super::w3c::{is_traceparent, is_tracestate};
 use crate::gucs;
+use crate::model::w3c::{is_traceparent, is_tracestate};
 
 /// Longest comment read, in bytes: sqlcommenter comments hold a few short pairs.
 const MAX_COMMENT_BYTES: usize = 8192;

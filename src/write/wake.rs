@@ -18,7 +18,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::backend::{self, BackendLocal};
-use crate::retention::ring;
+use crate::model::ring;
 use crate::shmem;
 
 /// Whether this backend's current transaction wants the relay woken at commit.
@@ -53,7 +53,7 @@ pub fn wake_relay_at_commit() {
 }
 
 /// Notes that the current transaction wrote event `id`, after [`wake_relay_at_commit`]: its
-/// commit tells the relay which partitions to look into (see `relay/cursor.rs`).
+/// commit tells the relay which partitions to look into (see `relay/claim/cursor.rs`).
 pub fn wrote(id: i64) {
     let written = LEAVES_WRITTEN.get();
     written.set(written.get() | 1 << ring::leaf_of(id));
@@ -101,7 +101,7 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
     match event {
         // Counted against the partitions it wrote to as it is about to commit, and again once
         // its events are visible (see `shmem::EnqueueActivity`): a relay that claims from one
-        // partition alone (see `relay/cursor.rs`) never takes a partition between the two
+        // partition alone (see `relay/claim/cursor.rs`) never takes a partition between the two
         // counts for one without an event to claim, so an earlier event of a key, visible and
         // not yet counted, is never passed by.
         XACT_EVENT_PRE_COMMIT | XACT_EVENT_PARALLEL_PRE_COMMIT if WAKE_PENDING.get().get() => {

@@ -206,6 +206,17 @@ fn push_signed(out: &mut Vec<u8>, value: i64) {
     push_decimal(out, value.unsigned_abs());
 }
 
+/// A command's arguments as text, for the tests of the files that build commands.
+#[cfg(test)]
+pub(crate) fn args(cmd: &Cmd) -> Vec<String> {
+    cmd.args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => "<not simple>".into(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,7 +46,7 @@ pub unsafe fn insert_delayed(
                 "outbox_enqueue: the extension's outbox_delayed table or id sequence is missing"
             );
         }
-        let id = super::nextval(sequence);
+        let id = super::target::nextval(sequence);
         pg_sys::SPI_connect();
         let plan = plan_for(schema, CStr::from_ptr(namespace));
         let key = extra.key.unwrap_or(pg_sys::Datum::from(0));

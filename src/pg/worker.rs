@@ -1,49 +1,10 @@
-//! The worker process's plumbing: its slot in shared memory, signals, the latch, and the
-//! transaction bracket that every statement of the relay runs in.
+//! A background worker process's plumbing: signals, the latch, the clock, WAL positions, and the
+//! transaction bracket that every statement of the relay and of retention runs in.
 
 use std::ffi::c_long;
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
-use pgrx::prelude::*;
-
-use crate::gucs;
-use crate::shmem::{self, Shared, WorkerSlot};
-
-/// Sets up the signal handlers and attaches the process to slot `index` for database
-/// `database`; the slot is cleared again however the process ends. `None` if the slot is
-/// assigned elsewhere or another process holds it.
-pub fn attach(index: usize, database: u32) -> Option<(&'static Shared, &'static WorkerSlot)> {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let Some(shared) = shmem::shared() else {
-        error!("outbox relay: shared memory is missing; is outbox in shared_preload_libraries?");
-    };
-    let slot = shared.slot(index);
-    if slot.database() != database {
-        return None;
-    }
-    // SAFETY: MyProcPid and MyLatch are this process's own, valid for its life; the exit
-    // callback clears the slot however the process ends.
-    unsafe {
-        if !slot.attach(pg_sys::MyProcPid, pg_sys::MyLatch, database) {
-            return None;
-        }
-        pg_sys::before_shmem_exit(Some(detach), pg_sys::Datum::from(index));
-    }
-    Some((shared, slot))
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn detach(_code: i32, arg: pg_sys::Datum) {
-    if let Some(shared) = shmem::shared() {
-        // SAFETY: reads this process's pid.
-        let me = unsafe { pg_sys::MyProcPid };
-        shared
-            .slot(arg.value().min(gucs::MAX_WORKERS as usize - 1))
-            .detach(me);
-    }
-}
 
 pub fn shutdown_requested() -> bool {
     // SAFETY: a sig_atomic_t flag set by the SIGTERM handler.
@@ -150,7 +111,7 @@ pub fn exit_if_postmaster_died() {
 /// ignores the code during a shutdown.
 pub fn exit() -> ! {
     // The exit callbacks clear the slot and abort any transaction.
-    crate::pg::compat::proc_exit(1)
+    super::compat::proc_exit(1)
 }
 
 /// Where the commit record of this process's last committed transaction ends in the WAL.
@@ -161,7 +122,7 @@ pub fn last_commit_end() -> u64 {
 
 /// How far the WAL is on disk.
 pub fn wal_flushed_to() -> u64 {
-    crate::pg::compat::wal_flushed_to()
+    super::compat::wal_flushed_to()
 }
 
 /// How far the synchronous standbys have confirmed flushing the WAL, when

@@ -1,6 +1,33 @@
 //! `outbox.database`: which databases the relay works in. One name, a comma-separated list, or
 //! `*` for every database that allows connections (templates aside) and has the extension.
 
+/// What is wrong with a value of `outbox.database`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadSelection {
+    /// No name, no `*`.
+    Empty,
+    /// `*` beside names.
+    StarNotAlone,
+    /// A name longer than PostgreSQL's (as the setting wrote it, made printable).
+    TooLong(String),
+}
+
+impl std::fmt::Display for BadSelection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadSelection::Empty => {
+                f.write_str("name a database, several separated by commas, or *")
+            }
+            BadSelection::StarNotAlone => {
+                f.write_str("* stands alone: it already means every database")
+            }
+            BadSelection::TooLong(name) => {
+                write!(f, "\"{name}\" is longer than a database name can be")
+            }
+        }
+    }
+}
+
 /// The databases a setting names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Selection {
@@ -13,7 +40,7 @@ pub enum Selection {
 
 impl Selection {
     /// Reads the setting; says what is wrong with it otherwise.
-    pub fn parse(setting: &[u8]) -> Result<Selection, String> {
+    pub fn parse(setting: &[u8]) -> Result<Selection, BadSelection> {
         let items: Vec<&[u8]> = setting
             .split(|&b| b == b',')
             .map(<[u8]>::trim_ascii)
@@ -23,17 +50,16 @@ impl Selection {
             return Ok(Selection::All);
         }
         if items.is_empty() {
-            return Err("name a database, several separated by commas, or *".into());
+            return Err(BadSelection::Empty);
         }
         let mut names: Vec<Vec<u8>> = Vec::new();
         for item in items {
             if item == b"*" {
-                return Err("* stands alone: it already means every database".into());
+                return Err(BadSelection::StarNotAlone);
             }
             if item.len() >= 64 {
-                return Err(format!(
-                    "\"{}\" is longer than a database name can be",
-                    String::from_utf8_lossy(item)
+                return Err(BadSelection::TooLong(
+                    String::from_utf8_lossy(item).into_owned(),
                 ));
             }
             if !names.iter().any(|n| n == item) {
