@@ -4,7 +4,9 @@
 //! Exists only when the library is preloaded.
 //!
 //! Everything is an atomic so that the commit callback and the status views never wait on a
-//! lock held by a worker; the last error text is guarded by a per-slot sequence counter.
+//! lock held by a worker; the last error text is guarded by a per-slot sequence counter. Taking
+//! and freeing a database's entry holds the extension's LWLock (`pg_stat_activity` shows a wait
+//! on it as `LWLock` / `outbox`).
 
 mod activity;
 mod database;
@@ -12,7 +14,7 @@ mod listeners;
 mod slot;
 mod time;
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
 use pgrx::pg_sys;
@@ -36,8 +38,6 @@ pub struct Shared {
     slots: [WorkerSlot; MAX_WORKERS as usize],
     /// One entry per database relayed since the server started (or since the entry was freed).
     databases: [DatabaseShare; MAX_DATABASES],
-    /// Held (1) while an entry is taken or freed: a few loads and stores, never a wait inside.
-    entries_lock: AtomicU32,
     /// Transactions that enqueued, by database OID (see [`EnqueueActivity`]).
     activity: [EnqueueActivity; ACTIVITY_COUNTERS],
     /// Sessions listening, by database and channel.
@@ -49,7 +49,6 @@ impl Shared {
         Shared {
             slots: std::array::from_fn(|_| WorkerSlot::new()),
             databases: std::array::from_fn(|_| DatabaseShare::new()),
-            entries_lock: AtomicU32::new(0),
             activity: std::array::from_fn(|_| EnqueueActivity::new()),
             listeners: Listeners::new(),
         }
@@ -89,17 +88,20 @@ impl Shared {
             .flatten()
     }
 
-    /// Runs `body` holding the lock on taking and freeing entries.
+    /// Runs `body` holding the extension's LWLock, the lock on taking and freeing entries:
+    /// a few loads and stores inside, nothing that can raise an error. An area made in process
+    /// memory (the unit tests') has no PostgreSQL to lock, and one thread.
     fn with_entries_locked<R>(&self, body: impl FnOnce() -> R) -> R {
-        while self
-            .entries_lock
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
+        let lock = ENTRIES_LOCK.load(Ordering::Acquire);
+        let Some(calls) = LOCK_CALLS.get().filter(|_| !lock.is_null()) else {
+            return body();
+        };
+        // SAFETY: the lock is the tranche's, in shared memory for the server's life; it is
+        // released below, and PostgreSQL releases it at an error anyway.
+        unsafe { (calls.acquire)(lock) };
         let result = body();
-        self.entries_lock.store(0, Ordering::Release);
+        // SAFETY: held since just above.
+        unsafe { (calls.release)(lock) };
         result
     }
 
@@ -150,6 +152,30 @@ impl Shared {
 
 /// The area in this process's address space, set by the startup hook.
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+/// The lock on taking and freeing entries, set by the startup hook with [`SHARED`].
+static ENTRIES_LOCK: AtomicPtr<pg_sys::LWLock> = AtomicPtr::new(std::ptr::null_mut());
+/// PostgreSQL's calls that take and release [`ENTRIES_LOCK`], set by the startup hook too:
+/// reached only through it, so that the unit tests, which have no PostgreSQL, link without them.
+static LOCK_CALLS: OnceLock<LockCalls> = OnceLock::new();
+
+struct LockCalls {
+    acquire: unsafe fn(*mut pg_sys::LWLock),
+    release: unsafe fn(*mut pg_sys::LWLock),
+}
+
+/// # Safety
+/// `lock` is an LWLock in shared memory, not held by this process.
+unsafe fn lock_exclusive(lock: *mut pg_sys::LWLock) {
+    // SAFETY: the caller's promise.
+    unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
+}
+
+/// # Safety
+/// `lock` is an LWLock this process holds.
+unsafe fn unlock(lock: *mut pg_sys::LWLock) {
+    // SAFETY: the caller's promise.
+    unsafe { pg_sys::LWLockRelease(lock) };
+}
 /// The startup hook installed before ours.
 static PREV_SHMEM_STARTUP_HOOK: OnceLock<pg_sys::shmem_startup_hook_type> = OnceLock::new();
 
@@ -197,6 +223,11 @@ unsafe extern "C-unwind" fn startup_shmem() {
             // were published before its marks.
             area.write(Shared::new());
         }
+        let _ = LOCK_CALLS.set(LockCalls {
+            acquire: lock_exclusive,
+            release: unlock,
+        });
+        ENTRIES_LOCK.store(crate::pg::compat::tranche_lock(), Ordering::Release);
         SHARED.store(area, Ordering::Release);
         pg_sys::LWLockRelease(lock);
     }
