@@ -6,11 +6,12 @@ use std::cell::Cell;
 use std::collections::HashSet;
 
 use crate::encode::{group_by_stream, stream_key, Event};
+use crate::error::{describe, Error};
 use crate::idmp;
-use crate::link::{self, describe, Link};
+use crate::link::{self, Link};
 use crate::one_by_one::OneByOne;
 use crate::outcome::{Answer, Failed, Markers, Outcome};
-use crate::pipeline::{self, Chunk, Shape};
+use crate::pipeline::{self, Chunk, Layout, Shape};
 use crate::resp::Packed;
 use crate::scripts::{ScriptCall, DEDUPE};
 use crate::server::{self, Features, InUse};
@@ -55,7 +56,7 @@ fn same_link(old: &Target, new: &Target) -> bool {
 }
 
 /// Opens a link and checks that Redis answers on it.
-fn connect(target: &Target) -> Result<Connection, String> {
+fn connect(target: &Target) -> Result<Connection, Error> {
     let mut link = link::open(target)?;
     let features = server::features(&link.servers());
     Ok(Connection {
@@ -73,14 +74,14 @@ fn connect(target: &Target) -> Result<Connection, String> {
 
 /// Loads the dedupe script on a server that has not loaded it. A restarted or flushed Redis
 /// has forgotten it; a NOSCRIPT reply counts as a lost connection.
-fn load_script(connection: &mut Connection) -> Result<(), String> {
+fn load_script(connection: &mut Connection) -> Result<(), Error> {
     if !connection.script_loaded && !connection.link.is_cluster() {
         let mut load = redis::cmd("SCRIPT");
         load.arg("LOAD").arg(DEDUPE);
         connection
             .link
             .run::<String>(&load)
-            .map_err(|e| describe(&e))?;
+            .map_err(|e| Error::from_redis(&e))?;
         connection.script_loaded = true;
     }
     Ok(())
@@ -111,10 +112,10 @@ fn size_windows(connection: &mut Connection, chunk: &Chunk) -> Result<(), Failed
     for value in &values {
         if let redis::Value::ServerError(e) = value {
             if pipeline::is_server_wide(e.code()) {
-                return Err(Failed::Refused(format!(
+                return Err(Failed::Refused(Error::Refused(format!(
                     "cannot size a stream's IDMP window: {}",
                     pipeline::reply_error(e)
-                )));
+                ))));
             }
         }
     }
@@ -136,7 +137,7 @@ fn may_run_scripts(connection: &mut Connection) -> Result<bool, Failed> {
     let may = match connection.link.run::<i64>(&probe) {
         Ok(_) => true,
         Err(e) if e.code() == Some("NOPERM") => false,
-        Err(e) if e.code().is_some() => return Err(Failed::Refused(describe(&e))),
+        Err(e) if e.code().is_some() => return Err(Failed::Refused(Error::from_redis(&e))),
         Err(e) => return Err(Failed::Broken(describe(&e))),
     };
     connection.may_script = Some(may);
@@ -156,7 +157,7 @@ fn part_of<'a>(chunk: &Chunk<'a>, events: &'a [Event], cleanup: &'a [Markers]) -
 }
 
 /// Publishes a chunk; `Err` says why Redis could not be used at all (nothing may be marked).
-pub fn publish(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, String> {
+pub fn publish(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Error> {
     match send(slot, chunk) {
         Ok(answer) => Ok(answer),
         Err(Failed::Refused(error)) => Err(error),
@@ -164,14 +165,14 @@ pub fn publish(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, S
             // Whether Redis itself is reachable tells a lost Redis from an event that cannot
             // be published (larger than Redis accepts, say): the first waits with backoff, the
             // second is charged to its event, alone.
-            reopen(slot, chunk.target).map_err(|_| error)?;
+            reopen(slot, chunk.target).map_err(|_| Error::Unreachable(error))?;
             isolate(slot, chunk)
         }
     }
 }
 
 /// Replaces the slot's connection with a new one; `Err` if Redis does not answer on it.
-fn reopen(slot: &mut Option<Connection>, target: &Target) -> Result<(), String> {
+fn reopen(slot: &mut Option<Connection>, target: &Target) -> Result<(), Error> {
     *slot = None;
     *slot = Some(connect(target)?);
     Ok(())
@@ -180,7 +181,7 @@ fn reopen(slot: &mut Option<Connection>, target: &Target) -> Result<(), String> 
 /// Publishes the chunk's events one at a time, after a failure that a reachable Redis made of
 /// the whole chunk: each event that fails alone is charged with its error, and the later events
 /// of its key (else topic) are held back, not sent.
-fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, String> {
+fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Error> {
     let mut results = Vec::with_capacity(chunk.events.len());
     let mut markers = Vec::new();
     let mut trim_error = None;
@@ -217,7 +218,7 @@ fn isolate(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Strin
 /// Sends a chunk of one event. If it breaks the connection, which an earlier event may have
 /// left half-closed, it is sent once more on a fresh one: only an event that breaks a fresh
 /// connection too, while Redis still answers on another, is charged.
-fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, String> {
+fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, Error> {
     let mut tries = 0;
     loop {
         tries += 1;
@@ -225,7 +226,7 @@ fn send_alone(slot: &mut Option<Connection>, single: &Chunk) -> Result<Answer, S
             Ok(answer) => return Ok(answer),
             Err(Failed::Refused(error)) => return Err(error),
             Err(Failed::Broken(error)) => {
-                reopen(slot, single.target).map_err(|_| error.clone())?;
+                reopen(slot, single.target).map_err(|_| Error::Unreachable(error.clone()))?;
                 if tries == 2 {
                     return Ok(Answer {
                         results: vec![Outcome::Failed(error)],
@@ -260,9 +261,9 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
     let retry = part_of(chunk, &again, &[]);
     let second = send_once(slot, &retry)?;
     if !second.missing.is_empty() {
-        return Err(Failed::Refused(
+        return Err(Failed::Refused(Error::Refused(
             "streams were deleted again as soon as the relay created them".into(),
-        ));
+        )));
     }
     for (outcome, &p) in second.results.into_iter().zip(&answer.missing) {
         answer.results[p] = outcome;
@@ -276,29 +277,80 @@ pub fn send(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fail
 /// opening one if needed; with `outbox.redis_wait_replicas`, waits for the replicas before it
 /// answers.
 fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Failed> {
-    let target = chunk.target;
-    let reusable = matches!(slot, Some(c) if same_link(&c.opened_for, target));
-    if !reusable {
-        *slot = None;
-        if let Some(why) = target.url_refused {
-            return Err(Failed::Refused(why.to_string()));
-        }
-        let connection = connect(target)
-            .map_err(|e| Failed::Refused(format!("cannot connect to {}: {e}", target.url)))?;
-        *slot = Some(connection);
-    }
+    open_if_needed(slot, chunk.target)?;
+    let (script, shape) = shape_for(slot, chunk)?;
     let Some(connection) = slot.as_mut() else {
-        return Err(Failed::Refused("no Redis connection".into()));
+        return Err(Failed::Refused(Error::Unreachable(
+            "no Redis connection".into(),
+        )));
     };
-    let in_use = server::choose_with_doubt(target.dedupe, &connection.features, chunk.in_doubt)
-        .map_err(Failed::Refused)?;
+    let built = pipeline::build(chunk, script, &shape, std::mem::take(&mut connection.spare));
+    let layout = built.layout;
+    // From here on Redis may have the events, deduplicated this way.
+    chunk.sent_as.set(Some(shape.dedupe));
+    let sent = connection.link.pipeline(&built.commands, built.ignored);
+    connection.spare = built.commands.emptied();
+    let (values, resent) = match sent {
+        Ok(answer) => answer,
+        // A cluster that could not place a command (a slot without a primary, a redirection
+        // that kept failing) or refused it outright: Redis is there, but not usable yet.
+        Err(e) if connection.link.is_cluster() && e.code().is_some() => {
+            return Err(Failed::Refused(Error::from_redis(&e)))
+        }
+        Err(e) => return Err(Failed::Broken(describe(&e))),
+    };
+    if values.iter().any(pipeline::closes_connection) {
+        // Redis has closed this connection after its reply; the next chunk opens another.
+        *slot = None;
+    }
+    let answer = pipeline::read(chunk, &layout, values).map_err(|failure| {
+        if let Failed::Refused(_) = failure {
+            // NOSCRIPT, or a server that is going away: start afresh next time.
+            *slot = None;
+        }
+        failure
+    })?;
+    if chunk.target.wait_replicas > 0 {
+        wait_for_replicas(slot, chunk.target, &layout, resent, &answer)?;
+    }
+    Ok(answer)
+}
+
+/// Opens a connection in the slot if it has none, or one for other settings.
+fn open_if_needed(slot: &mut Option<Connection>, target: &Target) -> Result<(), Failed> {
+    if matches!(slot, Some(c) if same_link(&c.opened_for, target)) {
+        return Ok(());
+    }
+    *slot = None;
+    if let Some(why) = target.url_refused {
+        return Err(Failed::Refused(Error::Setting(why.to_string())));
+    }
+    let connection = connect(target).map_err(|e| {
+        Failed::Refused(e.context(format_args!("cannot connect to {}", target.url)))
+    })?;
+    *slot = Some(connection);
+    Ok(())
+}
+
+/// How the chunk goes out on the slot's connection: deduplicated as the settings, the servers
+/// and the chunks in doubt allow, with the script loaded where markers need it (a script that
+/// cannot be loaded drops the connection), the streams' IDMP windows sized where IDMP needs
+/// them, and the shape of the round trip.
+fn shape_for(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<(ScriptCall, Shape), Failed> {
+    let Some(connection) = slot.as_mut() else {
+        return Err(Failed::Refused(Error::Unreachable(
+            "no Redis connection".into(),
+        )));
+    };
+    let in_use =
+        server::choose_with_doubt(chunk.target.dedupe, &connection.features, chunk.in_doubt)
+            .map_err(Failed::Refused)?;
     connection.in_use = Some(in_use);
     if in_use == InUse::Markers {
         if let Err(e) = load_script(connection) {
             *slot = None;
-            return Err(Failed::Refused(format!(
-                "cannot load the dedupe script (dedupe with markers needs EVALSHA and SCRIPT \
-                 LOAD): {e}"
+            return Err(Failed::Refused(e.context(
+                "cannot load the dedupe script (dedupe with markers needs EVALSHA and SCRIPT LOAD)",
             )));
         }
     }
@@ -327,72 +379,59 @@ fn send_once(slot: &mut Option<Connection>, chunk: &Chunk) -> Result<Answer, Fai
     let plain = in_use == InUse::Off && !may_run_scripts(connection)?;
     let shape = Shape {
         dedupe: in_use,
-        acked: target.stream_trim_acked && connection.features.acked,
+        acked: chunk.target.stream_trim_acked && connection.features.acked,
         idmp: idmp_too,
         plain,
     };
-    let built = pipeline::build(chunk, script, &shape, std::mem::take(&mut connection.spare));
-    let layout = built.layout;
-    // From here on Redis may have the events, deduplicated this way.
-    chunk.sent_as.set(Some(in_use));
-    let sent = connection.link.pipeline(&built.commands, built.ignored);
-    connection.spare = built.commands.emptied();
-    let (values, resent) = match sent {
-        Ok(answer) => answer,
-        // A cluster that could not place a command (a slot without a primary, a redirection
-        // that kept failing) or refused it outright: Redis is there, but not usable yet.
-        Err(e) if connection.link.is_cluster() && e.code().is_some() => {
-            return Err(Failed::Refused(describe(&e)))
-        }
-        Err(e) => return Err(Failed::Broken(describe(&e))),
-    };
-    if values.iter().any(pipeline::closes_connection) {
-        // Redis has closed this connection after its reply; the next chunk opens another.
-        *slot = None;
-    }
-    let answer = pipeline::read(chunk, &layout, values).map_err(|failure| {
-        if let Failed::Refused(_) = failure {
-            // NOSCRIPT, or a server that is going away: start afresh next time.
-            *slot = None;
-        }
-        failure
-    })?;
+    Ok((script, shape))
+}
+
+/// `outbox.redis_wait_replicas`: the chunk counts as published only once that many replicas
+/// acknowledged it; `resent` says whether slots moved under it.
+fn wait_for_replicas(
+    slot: &mut Option<Connection>,
+    target: &Target,
+    layout: &Layout,
+    resent: bool,
+    answer: &Answer,
+) -> Result<(), Failed> {
     let wanted = target.wait_replicas;
-    if wanted > 0 && resent {
+    if resent {
         // Slots moved under the chunk: a WAIT now goes by the new map, and may ask a node whose
         // connection wrote nothing. The chunk is published again once the cluster has settled
         // (its markers absorb what is already there).
-        return Err(Failed::Refused(
+        return Err(Failed::Refused(Error::Refused(
             "slots moved during the chunk, so WAIT cannot vouch for it; it is published again"
                 .into(),
+        )));
+    }
+    if !answer.results.contains(&Outcome::Added) {
+        return Ok(());
+    }
+    let Some(connection) = slot.as_mut() else {
+        // A reply closed the connection (an event too large, say): taken apart, the chunk
+        // charges that event alone.
+        return Err(Failed::Broken(
+            "Redis closed the connection before WAIT".into(),
         ));
+    };
+    let acknowledged = connection
+        .link
+        .wait(wanted, target.timeout, &layout.slots)
+        .map_err(|e| {
+            let error = format!("WAIT failed: {}", describe(&e));
+            if e.code().is_some() {
+                Failed::Refused(Error::Refused(error))
+            } else {
+                Failed::Broken(error)
+            }
+        })?;
+    if acknowledged < wanted {
+        return Err(Failed::Refused(Error::Refused(format!(
+            "WAIT: {acknowledged} of the {wanted} replicas asked for (outbox.redis_wait_replicas) \
+             acknowledged the chunk within {} ms; it is published again later",
+            target.timeout.as_millis()
+        ))));
     }
-    if wanted > 0 && answer.results.contains(&Outcome::Added) {
-        let Some(connection) = slot.as_mut() else {
-            // A reply closed the connection (an event too large, say): taken apart, the chunk
-            // charges that event alone.
-            return Err(Failed::Broken(
-                "Redis closed the connection before WAIT".into(),
-            ));
-        };
-        let acknowledged = connection
-            .link
-            .wait(wanted, target.timeout, &layout.slots)
-            .map_err(|e| {
-                let error = format!("WAIT failed: {}", describe(&e));
-                if e.code().is_some() {
-                    Failed::Refused(error)
-                } else {
-                    Failed::Broken(error)
-                }
-            })?;
-        if acknowledged < wanted {
-            return Err(Failed::Refused(format!(
-                "WAIT: {acknowledged} of the {wanted} replicas asked for (outbox.redis_wait_replicas) \
-                 acknowledged the chunk within {} ms; it is published again later",
-                target.timeout.as_millis()
-            )));
-        }
-    }
-    Ok(answer)
+    Ok(())
 }

@@ -5,8 +5,10 @@
 //!
 //! The modules, each using only those listed before it:
 //!
+//! - `error`: why Redis could not be used, by kind (`Error`).
 //! - `target`: the Redis side of the settings (`Target`, `Mode`, `TlsFiles`).
 //! - `resp`: commands written as Redis reads them, into one buffer per round trip.
+//! - `rfc3339`: an event's timestamp as the text Redis gets.
 //! - `encode`: an event on its way to Redis (`Event`), stream keys, entry fields, marker keys.
 //! - `outcome`: what Redis made of a chunk (`Outcome`, `Markers`, `Answer`, `Failed`).
 //! - `redis_url`, `password_file`: the URLs of `outbox.redis_url`, and the password files.
@@ -16,12 +18,14 @@
 //! - `scripts`: the markers' Lua script, called by SHA1 or whole.
 //! - `idmp`: deduplication by Redis itself: producers, identities, the streams' windows.
 //! - `link`: the link per mode (one server, Sentinel, Cluster; TLS), and its pipelines.
-//! - `pipeline`: the commands of one round trip, with the dedupe script, and their replies.
+//! - `pipeline`: the commands of one round trip (the markers' script, `add.lua` or plain `XADD`s,
+//!   a file each) and how their replies map back to events.
 //! - `connection`: a chunk sent on a link, and an event that breaks the connection isolated.
 //! - `publish`: the publisher thread, and the channel the worker's main thread drives it by.
 
 mod connection;
 pub mod encode;
+pub mod error;
 pub mod idmp;
 mod link;
 mod one_by_one;
@@ -31,7 +35,7 @@ mod pipeline;
 pub mod publish;
 pub mod redis_url;
 mod resp;
+mod rfc3339;
 mod scripts;
 pub mod server;
 pub mod target;
-mod xadd;

@@ -17,6 +17,7 @@ use redis::{
     ServerError, TlsCertificates, TlsMode, Value,
 };
 
+use crate::error::{describe, Error};
 use crate::resp::Packed;
 use crate::server::{parse_info, Server};
 use crate::target::{Mode, Target, TlsFiles};
@@ -54,7 +55,7 @@ fn resend(connection: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, RedisE
 
 /// Opens a link as the target says, and checks that Redis answers on it: every primary, for a
 /// cluster, so that a cluster still missing a primary reads as unavailable.
-pub fn open(target: &Target) -> Result<Link, String> {
+pub fn open(target: &Target) -> Result<Link, Error> {
     let certificates = certificates(&target.tls)?;
     let password = password_file::read("outbox.redis_password_file", &target.password_file)?;
     // A WAIT may block for the whole timeout: the socket gives it that much more.
@@ -65,18 +66,18 @@ pub fn open(target: &Target) -> Result<Link, String> {
     };
     let urls = redis_url::split(&target.url);
     let Some(&first) = urls.first() else {
-        return Err("outbox.redis_url is empty".into());
+        return Err(Error::Setting("outbox.redis_url is empty".into()));
     };
     match target.mode {
         Mode::Standalone => {
             if urls.len() > 1 {
-                return Err(format!(
+                return Err(Error::Setting(format!(
                     "outbox.redis_url lists {} URLs; with outbox.redis_mode = standalone it \
                      names one server (use cluster or sentinel for a list)",
                     urls.len()
-                ));
+                )));
             }
-            let mut info = first.into_connection_info().map_err(|e| describe(&e))?;
+            let mut info = first.into_connection_info().map_err(setting)?;
             if let Some(password) = &password {
                 let settings = info.redis_settings().clone().set_password(password);
                 info = info.set_redis_settings(settings);
@@ -85,7 +86,7 @@ pub fn open(target: &Target) -> Result<Link, String> {
                 Some(certificates) => Client::build_with_tls(info, certificates),
                 None => Client::open(info),
             }
-            .map_err(|e| describe(&e))?;
+            .map_err(setting)?;
             node(&client, target.timeout, read_timeout)
         }
         Mode::Sentinel => {
@@ -110,7 +111,7 @@ pub fn open(target: &Target) -> Result<Link, String> {
             let mut connection = builder
                 .build()
                 .and_then(|client| client.get_connection())
-                .map_err(|e| describe(&e))?;
+                .map_err(|e| Error::from_redis(&e))?;
             let every_primary = RoutingInfo::MultiNode((
                 MultipleNodeRoutingInfo::AllMasters,
                 Some(ResponsePolicy::AllSucceeded),
@@ -118,26 +119,31 @@ pub fn open(target: &Target) -> Result<Link, String> {
             connection
                 .route_command(&redis::cmd("PING"), every_primary)
                 .and_then(|v| v.extract_error())
-                .map_err(|e| format!("a cluster primary does not answer: {}", describe(&e)))?;
+                .map_err(|e| Error::from_redis(&e).context("a cluster primary does not answer"))?;
             Ok(Link::Cluster(Box::new(connection)))
         }
     }
 }
 
+/// A URL or client setting the redis crate refused.
+fn setting(error: redis::RedisError) -> Error {
+    Error::Setting(describe(&error))
+}
+
 /// A plain connection to the server `client` points at, with its timeouts, once it answers.
-fn node(client: &Client, timeout: Duration, read_timeout: Duration) -> Result<Link, String> {
+fn node(client: &Client, timeout: Duration, read_timeout: Duration) -> Result<Link, Error> {
     let mut connection = client
         .get_connection_with_timeout(timeout)
-        .map_err(|e| describe(&e))?;
+        .map_err(|e| Error::from_redis(&e))?;
     connection
         .set_read_timeout(Some(read_timeout))
-        .map_err(|e| describe(&e))?;
+        .map_err(|e| Error::from_redis(&e))?;
     connection
         .set_write_timeout(Some(timeout))
-        .map_err(|e| describe(&e))?;
+        .map_err(|e| Error::from_redis(&e))?;
     redis::cmd("PING")
         .query::<String>(&mut connection)
-        .map_err(|e| describe(&e))?;
+        .map_err(|e| Error::from_redis(&e))?;
     Ok(Link::Node(connection))
 }
 
@@ -150,19 +156,19 @@ fn primary_from_sentinels(
     urls: &[&str],
     certificates: Option<TlsCertificates>,
     password: Option<String>,
-) -> Result<Client, String> {
+) -> Result<Client, Error> {
     if target.sentinel_master.is_empty() {
-        return Err(
+        return Err(Error::Setting(
             "outbox.redis_sentinel_master is empty; with outbox.redis_mode = sentinel it names \
              the primary the sentinels watch"
                 .into(),
-        );
+        ));
     }
     let mut sentinels = Vec::with_capacity(urls.len());
     let mut tls = None;
     let mut credentials = None;
     for url in urls {
-        let info = url.into_connection_info().map_err(|e| describe(&e))?;
+        let info = url.into_connection_info().map_err(setting)?;
         let address = match info.addr() {
             ConnectionAddr::Tcp(host, port) => ConnectionAddr::Tcp(host.clone(), *port),
             ConnectionAddr::TcpTls {
@@ -178,7 +184,11 @@ fn primary_from_sentinels(
                 });
                 ConnectionAddr::Tcp(host.clone(), *port)
             }
-            _ => return Err("sentinels are reached over TCP, not a Unix socket".into()),
+            _ => {
+                return Err(Error::Setting(
+                    "sentinels are reached over TCP, not a Unix socket".into(),
+                ))
+            }
         };
         sentinels.push(address);
         credentials.get_or_insert_with(|| info.redis_settings().clone());
@@ -188,7 +198,7 @@ fn primary_from_sentinels(
         &target.sentinel_master,
         SentinelServerType::Master,
     )
-    .map_err(|e| describe(&e))?;
+    .map_err(setting)?;
     if let Some(settings) = credentials {
         if let Some(user) = settings.username() {
             builder = builder.set_client_to_redis_username(user);
@@ -215,25 +225,24 @@ fn primary_from_sentinels(
                 .set_client_to_sentinel_certificates(certificates);
         }
     }
-    let mut sentinel = builder.build().map_err(|e| describe(&e))?;
+    let mut sentinel = builder.build().map_err(setting)?;
     sentinel.get_client().map_err(|e| {
-        format!(
-            "no sentinel named a reachable primary for '{}': {}",
-            target.sentinel_master,
-            describe(&e)
-        )
+        Error::from_redis(&e).context(format_args!(
+            "no sentinel named a reachable primary for '{}'",
+            target.sentinel_master
+        ))
     })
 }
 
 /// The TLS files, read; `None` when none is set (the system's roots, no client certificate).
-fn certificates(files: &TlsFiles) -> Result<Option<TlsCertificates>, String> {
-    let read = |setting: &str, path: &str| -> Result<Option<Vec<u8>>, String> {
+fn certificates(files: &TlsFiles) -> Result<Option<TlsCertificates>, Error> {
+    let read = |setting: &str, path: &str| -> Result<Option<Vec<u8>>, Error> {
         if path.is_empty() {
             return Ok(None);
         }
         std::fs::read(path)
             .map(Some)
-            .map_err(|e| format!("cannot read {setting} '{path}': {e}"))
+            .map_err(|e| Error::Setting(format!("cannot read {setting} '{path}': {e}")))
     };
     let root_cert = read("outbox.redis_tls_ca_file", &files.ca_file)?;
     let cert = read("outbox.redis_tls_cert_file", &files.cert_file)?;
@@ -245,11 +254,11 @@ fn certificates(files: &TlsFiles) -> Result<Option<TlsCertificates>, String> {
                 client_key,
             }),
             (None, None) => None,
-            _ => return Err(
+            _ => return Err(Error::Setting(
                 "outbox.redis_tls_cert_file and outbox.redis_tls_key_file go together: set both \
                  or neither"
                     .into(),
-            ),
+            )),
         };
     if root_cert.is_none() && client_tls.is_none() {
         return Ok(None);
@@ -405,14 +414,5 @@ impl Link {
                 Ok(if fewest == u32::MAX { replicas } else { fewest })
             }
         }
-    }
-}
-
-/// A client error as Redis words it (`NOPERM this user has no permissions ...`) when Redis
-/// answered, and as the client does otherwise (an I/O error, a timeout, a certificate).
-pub fn describe(error: &RedisError) -> String {
-    match (error.code(), error.detail()) {
-        (Some(code), Some(detail)) => format!("{code} {detail}"),
-        _ => error.to_string(),
     }
 }

@@ -2,6 +2,8 @@
 //! or why the chunk as a whole could not be answered event by event. The pipeline reads replies
 //! into these, the connection retries by them, the publisher thread hands them to the relay.
 
+use crate::error::Error;
+
 /// What became of one event of a chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -36,8 +38,9 @@ pub struct Answer {
 
 /// Why a chunk could not be answered event by event.
 pub enum Failed {
-    /// Redis said no to the whole chunk (NOAUTH, NOPERM, OOM ...): nobody is charged.
-    Refused(String),
+    /// Redis said no to the whole chunk (NOAUTH, NOPERM, OOM ...), or could not be used for it
+    /// (a setting, a connection that cannot be opened): nobody is charged.
+    Refused(Error),
     /// The connection failed in the middle of the chunk (an I/O error, a timeout, a reply
     /// that makes no sense): Redis may be gone, or one event may have broken the connection.
     Broken(String),

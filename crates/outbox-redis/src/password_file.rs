@@ -6,15 +6,18 @@ use std::fs::OpenOptions;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
+use crate::error::Error;
+
 /// Longest password file read; a password is the first line of it.
 const MOST_BYTES: u64 = 64 * 1024;
 
 /// The password in the file that `setting` names, or `None` when the setting is empty.
-pub fn read(setting: &str, path: &str) -> Result<Option<String>, String> {
+pub fn read(setting: &str, path: &str) -> Result<Option<String>, Error> {
     if path.is_empty() {
         return Ok(None);
     }
-    let cannot = |e: std::io::Error| format!("cannot read {setting} '{path}': {e}");
+    let cannot = |e: std::io::Error| Error::Setting(format!("cannot read {setting} '{path}': {e}"));
+    let about = |why: Error| Error::Setting(format!("{setting} '{path}' {why}"));
     // Without waiting: opening a FIFO (or a device) for reading would block until something
     // writes to it, and the Redis thread with it. What is not a regular file is refused below.
     let file = OpenOptions::new()
@@ -24,48 +27,50 @@ pub fn read(setting: &str, path: &str) -> Result<Option<String>, String> {
         .map_err(cannot)?;
     let meta = file.metadata().map_err(cannot)?;
     if !meta.is_file() {
-        return Err(format!("{setting} '{path}' is not a regular file"));
+        return Err(Error::Setting(format!(
+            "{setting} '{path}' is not a regular file"
+        )));
     }
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    access_is_private(meta.mode(), meta.uid(), me)
-        .map_err(|why| format!("{setting} '{path}' {why}"))?;
+    access_is_private(meta.mode(), meta.uid(), me).map_err(about)?;
     let mut bytes = Vec::new();
     file.take(MOST_BYTES)
         .read_to_end(&mut bytes)
         .map_err(cannot)?;
-    first_line(&bytes)
-        .map(Some)
-        .map_err(|why| format!("{setting} '{path}' {why}"))
+    first_line(&bytes).map(Some).map_err(about)
 }
 
 /// PostgreSQL's rule for a private key: owned by the server's user and closed to everyone else,
 /// or owned by root and readable at most by its group.
-fn access_is_private(mode: u32, owner: u32, me: u32) -> Result<(), String> {
+fn access_is_private(mode: u32, owner: u32, me: u32) -> Result<(), Error> {
     let (allowed, rule) = if owner == me {
         (0o700, "u=rw (0600)")
     } else if owner == 0 {
         (0o740, "u=rw,g=r (0640) when owned by root")
     } else {
-        return Err("must be owned by the server's OS user or by root".to_string());
+        return Err(Error::Setting(
+            "must be owned by the server's OS user or by root".into(),
+        ));
     };
     if mode & 0o777 & !allowed != 0 {
-        return Err(format!(
+        return Err(Error::Setting(format!(
             "has group or world access (mode {:04o}); permissions should be {rule}",
             mode & 0o7777
-        ));
+        )));
     }
     Ok(())
 }
 
 /// The password: the file's first line, without its line end.
-fn first_line(bytes: &[u8]) -> Result<String, String> {
+fn first_line(bytes: &[u8]) -> Result<String, Error> {
     let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line.is_empty() {
-        return Err("holds no password on its first line".to_string());
+        return Err(Error::Setting("holds no password on its first line".into()));
     }
-    String::from_utf8(line.to_vec()).map_err(|_| "holds a password that is not UTF-8".to_string())
+    String::from_utf8(line.to_vec())
+        .map_err(|_| Error::Setting("holds a password that is not UTF-8".into()))
 }
 
 #[cfg(test)]
@@ -76,7 +81,7 @@ mod tests {
     fn a_file_of_the_servers_user_is_closed_to_everyone_else() {
         assert!(access_is_private(0o100600, 70, 70).is_ok());
         assert!(access_is_private(0o100400, 70, 70).is_ok());
-        let why = access_is_private(0o100640, 70, 70).unwrap_err();
+        let why = access_is_private(0o100640, 70, 70).unwrap_err().to_string();
         assert!(why.contains("0640") && why.contains("0600"), "{why}");
         assert!(access_is_private(0o100604, 70, 70).is_err());
         assert!(access_is_private(0o100610, 70, 70).is_err());
@@ -92,7 +97,9 @@ mod tests {
 
     #[test]
     fn a_file_of_anyone_else_is_refused() {
-        let why = access_is_private(0o100600, 1000, 70).unwrap_err();
+        let why = access_is_private(0o100600, 1000, 70)
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("owned by"), "{why}");
     }
 
@@ -113,7 +120,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         let why = got
             .expect("reading a FIFO blocked waiting for a writer")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("not a regular file"), "{why}");
     }
 

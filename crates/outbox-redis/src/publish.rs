@@ -21,6 +21,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::connection::{self, Connection};
 use crate::encode::Event;
+use crate::error::Error;
 use crate::outcome::{Markers, Outcome};
 use crate::pipeline::Chunk;
 use crate::server::InUse;
@@ -49,8 +50,8 @@ pub enum Reply {
     /// Redis answered: one outcome per event, in the chunk's order, and the chunk itself, handed
     /// back so that its events are dropped by the thread that allocated them.
     Answered(Vec<Outcome>, Vec<Event>),
-    /// Redis could not be used at all; nothing may be marked.
-    Unavailable(String),
+    /// Redis could not be used at all, and why; nothing may be marked.
+    Unavailable(Error),
 }
 
 /// Why waiting for a reply ended without one.
@@ -151,7 +152,9 @@ impl Publisher {
                     }
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Ok(Reply::Unavailable("the Redis thread has stopped".into()))
+                    return Ok(Reply::Unavailable(Error::Unreachable(
+                        "the Redis thread has stopped".into(),
+                    )))
                 }
             }
         }

@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use crate::error::Error;
 use crate::target::Dedupe;
 
 /// The first Redis whose `XADD ... IDMP` the relay relies on.
@@ -101,18 +102,18 @@ impl InUse {
 /// What `outbox.dedupe` comes to on servers with `features`; `Err` when it asks for IDMP where
 /// a server lacks it: the relay then waits, publishing nothing, until the setting or the
 /// servers change.
-pub fn choose(setting: Dedupe, features: &Features) -> Result<InUse, String> {
+pub fn choose(setting: Dedupe, features: &Features) -> Result<InUse, Error> {
     match setting {
         Dedupe::Off => Ok(InUse::Off),
         Dedupe::Markers => Ok(InUse::Markers),
         Dedupe::Auto if features.idmp => Ok(InUse::Idmp),
         Dedupe::Auto => Ok(InUse::Markers),
         Dedupe::Idmp if features.idmp => Ok(InUse::Idmp),
-        Dedupe::Idmp => Err(format!(
+        Dedupe::Idmp => Err(Error::Setting(format!(
             "outbox.dedupe = idmp needs Redis 8.6.2 or later on every node written to, \
              and the relay writes to {}",
             features.servers
-        )),
+        ))),
     }
 }
 
@@ -125,7 +126,7 @@ pub fn choose_with_doubt(
     setting: Dedupe,
     features: &Features,
     in_doubt: Option<InUse>,
-) -> Result<InUse, String> {
+) -> Result<InUse, Error> {
     let chosen = choose(setting, features);
     match (in_doubt, &chosen) {
         (Some(InUse::Markers), Ok(InUse::Idmp)) => Ok(InUse::Markers),
@@ -252,7 +253,7 @@ mod tests {
         assert_eq!(choose(Dedupe::Markers, &new), Ok(InUse::Markers));
         assert_eq!(choose(Dedupe::Off, &new), Ok(InUse::Off));
         assert_eq!(choose(Dedupe::Idmp, &new), Ok(InUse::Idmp));
-        let refused = choose(Dedupe::Idmp, &old).unwrap_err();
+        let refused = choose(Dedupe::Idmp, &old).unwrap_err().to_string();
         assert!(refused.contains("Redis 7.0.15"), "{refused}");
     }
 }

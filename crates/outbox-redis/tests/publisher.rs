@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{event, publish, target, wait_until, Redis};
+use outbox_redis::error::Error;
 use outbox_redis::outcome::Outcome;
 use outbox_redis::publish::{Publisher, Reply};
 use outbox_redis::target::{Dedupe, Mode};
@@ -135,7 +136,10 @@ fn a_stopped_redis_is_unavailable_and_a_restarted_one_works_again() {
 
     redis.stop();
     match publish(&publisher, vec![event(2, "orders")]) {
-        Reply::Unavailable(error) => assert!(!error.is_empty()),
+        Reply::Unavailable(error) => assert!(
+            matches!(&error, Error::Unreachable(text) if !text.is_empty()),
+            "{error:?}"
+        ),
         Reply::Answered(outcomes, _) => panic!("a stopped Redis answered: {outcomes:?}"),
     }
     publisher.transaction_ended(None);
@@ -155,18 +159,20 @@ fn settings_the_link_cannot_use_are_reported_not_logged() {
     let mut settings = target("redis://127.0.0.1:1,redis://127.0.0.1:2", "", Dedupe::Off);
     let publisher = Publisher::spawn(settings.clone()).expect("cannot start the Redis thread");
     match publish(&publisher, vec![event(1, "orders")]) {
-        Reply::Unavailable(error) => assert!(
+        Reply::Unavailable(Error::Setting(error)) => assert!(
             error.contains("lists 2 URLs") && error.contains("outbox.redis_mode"),
             "{error}"
         ),
+        Reply::Unavailable(error) => panic!("not a setting: {error:?}"),
         Reply::Answered(outcomes, _) => panic!("answered: {outcomes:?}"),
     }
     settings.mode = Mode::Sentinel;
     publisher.configure(settings);
     match publish(&publisher, vec![event(1, "orders")]) {
-        Reply::Unavailable(error) => {
+        Reply::Unavailable(Error::Setting(error)) => {
             assert!(error.contains("outbox.redis_sentinel_master"), "{error}")
         }
+        Reply::Unavailable(error) => panic!("not a setting: {error:?}"),
         Reply::Answered(outcomes, _) => panic!("answered: {outcomes:?}"),
     }
 }

@@ -5,8 +5,9 @@
 //! timestamps written in place: the relay's Redis thread spends its time here, beside the main
 //! thread on the same cores.
 
-use crate::encode::{rfc3339_arg, stream_key, Event};
+use crate::encode::{stream_key, Event};
 use crate::resp::{Args, Packed};
+use crate::rfc3339::rfc3339_arg;
 use crate::target::Target;
 
 /// Writes the chunk's `XADD`s into `out`, one per event in order; `trim` writes the trimming
@@ -54,7 +55,7 @@ fn write_fields(cmd: &mut Args<'_>, event: &Event) {
 mod tests {
     use super::*;
     use crate::encode::sample_event;
-    use crate::pipeline::tests::args;
+    use crate::resp::args;
 
     #[test]
     fn the_fields_written_are_the_contracts() {
