@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::schema::Schema;
 use super::sql;
 use super::statements::Statements;
+use crate::pg::schema::Schema;
 use crate::pg::utf8;
 
 /// The versions of the extension's objects this library's statements relay: its own, and the

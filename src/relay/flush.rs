@@ -12,7 +12,7 @@ use outbox_redis::idmp::WINDOW_IDS;
 use outbox_redis::publish::Publisher;
 
 use super::settings::Settings;
-use super::worker;
+use crate::pg::worker;
 
 /// How long a relay that found no more events waits for the next commit before it flushes its
 /// own last commit: longer than the passes of a steady stream are apart (at most 8 ms, see

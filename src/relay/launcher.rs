@@ -19,9 +19,9 @@ use pgrx::bgworkers::{
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::databases::Selection;
-use super::worker;
 use crate::gucs;
+use crate::model::databases::Selection;
+use crate::pg::worker;
 use crate::shmem::{self, Shared};
 
 /// How long after a worker stopped the launcher starts it again.
@@ -53,7 +53,7 @@ fn register() {
 /// A database as `pg_database` describes it.
 struct Database {
     oid: u32,
-    /// As `pg_database` holds it (see `databases.rs`).
+    /// As `pg_database` holds it (see `model/databases.rs`).
     name: Vec<u8>,
     template: bool,
     /// Allows connections and is not half-dropped.

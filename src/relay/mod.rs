@@ -5,53 +5,43 @@
 //! Redis has answered, and rolls back if it could not be reached. A crash before the commit
 //! publishes the batch again instead of losing it (`outbox.dedupe` absorbs the repeat).
 //! Failures are logged when the worker's situation changes, never once per retry. Here the
-//! loop; `start.rs` the start, `batch.rs` one pass (`pass.rs` its result), `claims.rs` what
-//! claims remember, `delayed.rs` due delayed events, `flush.rs` WAL flushes, `state.rs` the
-//! state and its log lines, `worker.rs` the plumbing; the SQL in `sql.rs`, prepared in
-//! `statements.rs`, read in `claim.rs`. The Redis thread is the outbox-redis crate.
+//! loop; `start.rs` the start, `pass/` one pass's transaction, `claim/` how it claims,
+//! `delayed.rs` due delayed events, `flush.rs` WAL flushes, `state.rs` the state and its log
+//! lines; the SQL in `sql.rs`, prepared in `statements.rs`. The process's plumbing is
+//! `pg/worker.rs`; the Redis thread is the outbox-redis crate.
 
 pub mod backoff;
-mod batch;
 mod claim;
-mod claims;
 mod contention;
-mod cursor;
-pub mod databases;
 mod delayed;
 mod extension;
 mod flush;
-mod hold;
 pub mod launcher;
 mod order;
 mod pass;
-mod retry;
-mod rows;
-pub mod schema;
 mod session;
 mod settings;
 mod sql;
 mod start;
 mod state;
 mod statements;
-pub mod worker;
 
 use std::time::{Duration, Instant};
 
 use outbox_redis::publish::Publisher;
 
+use crate::pg::worker::{self, in_transaction, End};
 use crate::retention::{prune, truncate};
 use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerState};
 use backoff::{Backoff, Pacing};
-use batch::PassRun;
-use claims::Claims;
+use claim::retry::RetrySchedule;
+use claim::Claims;
 use delayed::DelayedMoves;
 use extension::Extension;
 use flush::WalFlush;
-use pass::Pass;
-use retry::RetrySchedule;
+use pass::{Pass, PassRun};
 use settings::Settings;
 use state::Status;
-use worker::{in_transaction, End};
 
 pub use launcher::register_workers;
 
@@ -136,7 +126,7 @@ impl Relay {
             .wait(Instant::now(), self.settings.poll_interval);
         // Awake for the next look into every partition, and for events whose retry is due, once
         // per poll interval from the last, whatever passes commits woke meanwhile.
-        wait = cursor::until_next_look(
+        wait = claim::cursor::until_next_look(
             wait,
             Instant::now(),
             self.settings.poll_interval,

@@ -7,8 +7,9 @@ use outbox_redis::publish::Publisher;
 use outbox_redis::target::{Mode, Target, TlsFiles};
 use pgrx::prelude::*;
 
-use super::{session, worker};
+use super::session;
 use crate::gucs;
+use crate::pg::worker;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -42,7 +43,10 @@ impl Settings {
                 url_refused: gucs::redis_url_refused(),
                 wait_replicas: gucs::redis_wait_replicas(),
                 timeout: gucs::redis_timeout(),
-                stream_prefix: super::databases::stream_prefix(&gucs::stream_prefix(), database),
+                stream_prefix: crate::model::databases::stream_prefix(
+                    &gucs::stream_prefix(),
+                    database,
+                ),
                 stream_maxlen: gucs::stream_maxlen(),
                 stream_max_age: gucs::stream_max_age(),
                 stream_trim_acked: gucs::stream_trim_acked(),

@@ -4,7 +4,7 @@
 //!
 //! Pure text, prepared by `statements.rs`. The statements name the extension's schema as the
 //! `s` (or `schema`) they are given, [`SCHEMA`](super::schema::SCHEMA) in the relay, which
-//! `schema.rs` replaces with the quoted name. They run in a session whose `search_path` is
+//! `pg/schema.rs` replaces with the quoted name. They run in a session whose `search_path` is
 //! `pg_catalog, pg_temp` (see `session.rs`), and qualify what they call all the same.
 
 use pgrx::pg_sys;
@@ -32,7 +32,7 @@ pub fn fresh_below() -> String {
     format!("{FRESH} AND o.id OPERATOR(pg_catalog.<=) $4")
 }
 
-/// The columns every plain claim returns, in the order `read_row` (`claim.rs`) reads them, but
+/// The columns every plain claim returns, in the order `read_row` (`claim/rows.rs`) reads them, but
 /// for the last (whether the row is blocked), which a plain claim gives as `false`.
 pub const CLAIMED_COLUMNS: &str =
     "o.id, o.topic, o.payload::pg_catalog.text, o.created_at, o.attempts, \
@@ -146,7 +146,7 @@ fn held_back(schema: &str, t: &str) -> String {
 
 /// The claim of events whose retry delay is over, through the index of waiting events: however
 /// many wait (held ones at 'infinity' included), only the due ones are read. Always guarded: the
-/// worker may learn of events charged elsewhere (by hand, see `FAILING_RECHECK` in `retry.rs`)
+/// worker may learn of events charged elsewhere (by hand, see `FAILING_RECHECK` in `claim/retry.rs`)
 /// only at its next look for failing events, up to `FAILING_RECHECK` later, and two due events
 /// of one key must not go out by their retry times. A due event behind an earlier one of its key
 /// is held, rather than read again by every claim until that one is out.

@@ -5,24 +5,24 @@
 use std::time::Instant;
 
 use outbox_redis::publish::Publisher;
-use pgrx::bgworkers::BackgroundWorker;
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::backoff::{Backoff, Pacing};
-use super::claims::Claims;
-use super::databases::Selection;
+use super::claim::retry::RetrySchedule;
+use super::claim::Claims;
 use super::delayed::DelayedMoves;
 use super::extension::Extension;
 use super::flush::WalFlush;
-use super::retry::RetrySchedule;
 use super::session;
 use super::settings::Settings;
 use super::state::Status;
-use super::worker::{self, in_transaction, End};
 use super::Relay;
 use crate::gucs;
-use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot};
+use crate::model::databases::Selection;
+use crate::pg::worker::{self, in_transaction, End};
+use crate::shmem::{self, Counts, DatabaseShare, EnqueueActivity, Shared, WorkerSlot};
 
 /// Entry point of a relay worker, started by the launcher for slot `arg` in the database whose
 /// OID is the worker's extra.
@@ -34,7 +34,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         .unwrap_or(0)
         .clamp(0, gucs::MAX_WORKERS - 1) as usize;
     let database: u32 = BackgroundWorker::get_extra().parse().unwrap_or(0);
-    let Some((shared, slot)) = worker::attach(index, database) else {
+    let Some((shared, slot)) = attach(index, database) else {
         // The launcher gave the slot to another database, or another process holds it.
         worker::exit();
     };
@@ -110,5 +110,39 @@ fn relay(
         delayed: DelayedMoves::default(),
         flush: WalFlush::default(),
         uncommitted: Counts::default(),
+    }
+}
+
+/// Sets up the signal handlers and attaches the process to slot `index` for database
+/// `database`; the slot is cleared again however the process ends. `None` if the slot is
+/// assigned elsewhere or another process holds it.
+pub fn attach(index: usize, database: u32) -> Option<(&'static Shared, &'static WorkerSlot)> {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let Some(shared) = shmem::shared() else {
+        error!("outbox relay: shared memory is missing; is outbox in shared_preload_libraries?");
+    };
+    let slot = shared.slot(index);
+    if slot.database() != database {
+        return None;
+    }
+    // SAFETY: MyProcPid and MyLatch are this process's own, valid for its life; the exit
+    // callback clears the slot however the process ends.
+    unsafe {
+        if !slot.attach(pg_sys::MyProcPid, pg_sys::MyLatch, database) {
+            return None;
+        }
+        pg_sys::before_shmem_exit(Some(detach), pg_sys::Datum::from(index));
+    }
+    Some((shared, slot))
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn detach(_code: i32, arg: pg_sys::Datum) {
+    if let Some(shared) = shmem::shared() {
+        // SAFETY: reads this process's pid.
+        let me = unsafe { pg_sys::MyProcPid };
+        shared
+            .slot(arg.value().min(gucs::MAX_WORKERS as usize - 1))
+            .detach(me);
     }
 }

@@ -10,9 +10,9 @@ use outbox_redis::server::InUse;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::schema::Schema;
 use super::settings::Settings;
-use super::worker;
+use crate::pg::schema::Schema;
+use crate::pg::worker;
 use crate::shmem::{DatabaseShare, WorkerSlot, WorkerState};
 
 /// What the worker is doing, and what it has said of it.

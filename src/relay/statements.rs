@@ -1,8 +1,9 @@
 //! The relay's prepared statements: prepared once per installation of the extension, when the
 //! worker finds it (`extension.rs`), and kept, so a batch costs executions only. Each method
 //! runs one of them inside the worker's transaction; their text is in `sql.rs`, and the rows a
-//! claim takes are read in `claim.rs`.
+//! claim takes are read in `claim/rows.rs`.
 
+use std::ffi::CStr;
 use std::time::Duration;
 
 use outbox_redis::encode::ascii_safe;
@@ -11,13 +12,14 @@ use pgrx::prelude::*;
 use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgOid;
 
-use super::claim::{run_claim, Claimed, Scope};
-use super::cursor::Reach;
-use super::retry::DueLook;
-use super::rows::Plan;
-use super::schema::{Schema, SCHEMA};
+use super::claim::cursor::Reach;
+use super::claim::query::Plan;
+use super::claim::retry::DueLook;
+use super::claim::rows::run_claim;
+use super::claim::{Claimed, Scope};
 use super::sql::{self, CLAIMED_TYPES, FRESH, FRESH_ORDER};
-use crate::retention::ring::{self, LEAVES};
+use crate::model::ring::{self, LEAVES};
+use crate::pg::schema::{Schema, SCHEMA};
 
 /// What a move of due delayed events into `outbox` did.
 pub struct MovedDue {
@@ -60,7 +62,7 @@ pub struct Statements {
     table: pg_sys::Oid,
     claim_fresh: Claim,
     /// The fresh claim in one partition of the ring, one per partition, plain only (see
-    /// `cursor.rs`).
+    /// `claim/cursor.rs`).
     claim_fresh_in: Vec<Plan>,
     /// The fresh claim above an id, and below it (see [`Statements::claim`]).
     claim_fresh_above: Claim,
@@ -102,7 +104,7 @@ fn prepare(schema: &Schema, sql: &str, args: &[pg_sys::Oid]) -> OwnedPreparedSta
     })
 }
 
-/// Prepares a claim, whose rows are read as the executor produces them (see `rows.rs`).
+/// Prepares a claim, whose rows are read as the executor produces them (see `claim/query.rs`).
 fn prepare_rows(schema: &Schema, sql: &str, args: &[pg_sys::Oid]) -> Plan {
     Plan::prepare(&schema.sql(sql), &schema.show(sql), args, &CLAIMED_TYPES)
 }
@@ -124,20 +126,54 @@ fn prepare_claim(schema: &Schema, filter: &str, order: &str, with_id: bool) -> C
     }
 }
 
+/// The OID of relation `name` in the extension's schema; an error if it is missing.
+fn relation(schema: &Schema, name: &CStr, what: &str) -> pg_sys::Oid {
+    // SAFETY: a catalog lookup inside the current transaction.
+    let oid = unsafe { pg_sys::get_relname_relid(name.as_ptr(), schema.oid()) };
+    if oid == pg_sys::InvalidOid {
+        error!(
+            "outbox relay: no {what} {} in schema {schema}",
+            name.to_string_lossy()
+        );
+    }
+    oid
+}
+
+/// A statement per partition of the ring, in leaf order, its text made from the partition's
+/// quoted name.
+fn per_partition(
+    schema: &Schema,
+    args: &[pg_sys::Oid],
+    sql_of: impl Fn(&str) -> String,
+) -> Vec<OwnedPreparedStatement> {
+    (0..LEAVES)
+        .map(|leaf| {
+            let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
+            prepare(schema, &sql_of(&partition), args)
+        })
+        .collect()
+}
+
+const IDS: &[pg_sys::Oid] = &[pg_sys::INT8ARRAYOID];
+const LANE_RANGE: &[pg_sys::Oid] = &[pg_sys::INT2OID, pg_sys::INT2OID];
+const COUNT_AND_LANES: &[pg_sys::Oid] = &[pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID];
+
 impl Statements {
     pub fn prepare(extension: pg_sys::Oid, schema: Schema) -> Statements {
         let s = SCHEMA;
-        // SAFETY: a catalog lookup inside the current transaction.
-        let table = unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), schema.oid()) };
-        if table == pg_sys::InvalidOid {
-            error!("outbox relay: no table outbox in schema {schema}");
-        }
-        // SAFETY: as above.
-        let sequence =
-            unsafe { pg_sys::get_relname_relid(c"outbox_id_seq".as_ptr(), schema.oid()) };
-        if sequence == pg_sys::InvalidOid {
-            error!("outbox relay: no sequence outbox_id_seq in schema {schema}");
-        }
+        let table = relation(&schema, c"outbox", "table");
+        let sequence = relation(&schema, c"outbox_id_seq", "sequence");
+        let after = [
+            pg_sys::INT8OID,
+            pg_sys::INT2OID,
+            pg_sys::INT2OID,
+            pg_sys::INT8OID,
+        ];
+        let failures = [
+            pg_sys::INT8ARRAYOID,
+            pg_sys::TEXTARRAYOID,
+            pg_sys::FLOAT8ARRAYOID,
+        ];
         Statements {
             extension,
             table,
@@ -152,67 +188,20 @@ impl Statements {
             claim_fresh_above: prepare_claim(&schema, &sql::fresh_above(), FRESH_ORDER, true),
             claim_fresh_below: prepare_claim(&schema, &sql::fresh_below(), FRESH_ORDER, true),
             claim_due: prepare_rows(&schema, &sql::claim_due_sql(s), &sql::claim_args(false)),
-            failing: prepare(
-                &schema,
-                &sql::failing_sql(s),
-                &[pg_sys::INT2OID, pg_sys::INT2OID],
-            ),
-            move_due: prepare(
-                &schema,
-                &sql::move_due_sql(s, sequence),
-                &[pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID],
-            ),
-            mark: (0..LEAVES)
-                .map(|leaf| {
-                    let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
-                    prepare(
-                        &schema,
-                        &sql::mark_sql(s, &partition),
-                        &[pg_sys::INT8ARRAYOID],
-                    )
-                })
-                .collect(),
-            unmark: prepare(&schema, &sql::unmark_sql(s), &[pg_sys::INT8ARRAYOID]),
-            hold: (0..LEAVES)
-                .map(|leaf| {
-                    let partition = spi::quote_identifier(format!("outbox_{leaf:02}"));
-                    prepare(
-                        &schema,
-                        &sql::hold_sql(s, &partition),
-                        &[pg_sys::INT8ARRAYOID],
-                    )
-                })
-                .collect(),
+            failing: prepare(&schema, &sql::failing_sql(s), LANE_RANGE),
+            move_due: prepare(&schema, &sql::move_due_sql(s, sequence), COUNT_AND_LANES),
+            mark: per_partition(&schema, IDS, |partition| sql::mark_sql(s, partition)),
+            unmark: prepare(&schema, &sql::unmark_sql(s), IDS),
+            hold: per_partition(&schema, IDS, |partition| sql::hold_sql(s, partition)),
             release: prepare(
                 &schema,
                 &sql::release_sql(s),
                 &[pg_sys::INT8OID, pg_sys::INT8ARRAYOID],
             ),
-            sweep_from_start: prepare(
-                &schema,
-                &sql::sweep_sql(s, false),
-                &[pg_sys::INT8OID, pg_sys::INT2OID, pg_sys::INT2OID],
-            ),
-            sweep_after: prepare(
-                &schema,
-                &sql::sweep_sql(s, true),
-                &[
-                    pg_sys::INT8OID,
-                    pg_sys::INT2OID,
-                    pg_sys::INT2OID,
-                    pg_sys::INT8OID,
-                ],
-            ),
-            fail: prepare(
-                &schema,
-                &sql::fail_sql(s),
-                &[
-                    pg_sys::INT8ARRAYOID,
-                    pg_sys::TEXTARRAYOID,
-                    pg_sys::FLOAT8ARRAYOID,
-                ],
-            ),
-            bury: prepare(&schema, &sql::bury_sql(s), &[pg_sys::INT8ARRAYOID]),
+            sweep_from_start: prepare(&schema, &sql::sweep_sql(s, false), COUNT_AND_LANES),
+            sweep_after: prepare(&schema, &sql::sweep_sql(s, true), &after),
+            fail: prepare(&schema, &sql::fail_sql(s), &failures),
+            bury: prepare(&schema, &sql::bury_sql(s), IDS),
             schema,
         }
     }
@@ -265,7 +254,7 @@ impl Statements {
     ///
     /// With `above`, the events that never failed are looked for past that id first, and, if
     /// there are not enough past it and `below` allows, at or below it; without, from the
-    /// lowest id where `reach` says. `cursor.rs` says when each is right.
+    /// lowest id where `reach` says. `claim/cursor.rs` says when each is right.
     pub fn claim(
         &self,
         limit: usize,

@@ -35,7 +35,7 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use crate::retention::ring::LEAVES;
+use crate::model::ring::LEAVES;
 
 /// How long an idle worker may wait, at most `wait`, so as to make each look due once per
 /// `poll_interval` from the last one (`looks`: when each was last made) in time, however many
@@ -238,7 +238,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::{moved_elsewhere, until_next_look, ClaimStart, Reach, Verdict};
-    use crate::retention::ring::LEAVES;
+    use crate::model::ring::LEAVES;
 
     const LANES: std::ops::Range<i16> = 0..1024;
 

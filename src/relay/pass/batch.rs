@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::worker::End;
+use crate::pg::worker::End;
 
 /// Events per chunk of a batch: a batch goes out in up to two chunks of at least 50 events, so
 /// that the database's work on one chunk overlaps Redis's work on another; a small batch goes

@@ -1,16 +1,15 @@
-//! What a claim took, and how its rows are read: one at a time as the executor produces them,
-//! their text converted to UTF-8 event by event, so that an event whose text cannot be is
-//! charged alone instead of failing the claim. Also the locks of the lane groups a worker takes
-//! before it claims. The claims themselves are prepared in `statements.rs`, their SQL is in
-//! `sql.rs`.
+//! What a claim took, and how its rows are read: one at a time as the executor produces them
+//! (`query.rs`), their text converted to UTF-8 event by event, so that an event whose text
+//! cannot be is charged alone instead of failing the claim. The claims themselves are prepared
+//! in `relay/statements.rs`, their SQL is in `relay/sql.rs`.
 
 use outbox_redis::encode::Event;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::rows::Plan;
-use crate::pg::utf8;
-use crate::write::lane;
+use super::query::Plan;
+use crate::model::lane;
+use crate::pg::utf8::{self, NotUtf8};
 
 /// What a claim took: the events to publish, those whose text cannot be sent as UTF-8 (with the
 /// reason), which must be charged in the same transaction, and those that wait behind an earlier
@@ -28,7 +27,7 @@ pub struct Claimed {
     /// The claim looked for events that never failed (due events first may leave no room).
     pub looked_fresh: bool,
     /// The highest id among the events claimed that never failed.
-    pub(super) fresh_highest: Option<i64>,
+    pub(crate) fresh_highest: Option<i64>,
     /// Rows claimed (and locked) but left unread, the claim having read [`CLAIM_BYTES`]:
     /// they stay unpublished and go out in a later pass.
     pub left: Vec<i64>,
@@ -49,7 +48,7 @@ impl Claimed {
 
     /// The highest id of everything in this claim. Blocked rows count: they are held in the
     /// same transaction, and leave the index of fresh events as published ones do.
-    pub(super) fn highest_of_all(&self) -> Option<i64> {
+    pub(crate) fn highest_of_all(&self) -> Option<i64> {
         let events = self.events.iter().map(|e| e.id);
         let unreadable = self.unreadable.iter().map(|f| f.id);
         events
@@ -62,7 +61,7 @@ impl Claimed {
     /// Keeps at most `n` of the rows: readable events first, then unreadable ones, then blocked
     /// ones, then those left unread. Those left out stay as they are, locked until the
     /// transaction ends.
-    pub(super) fn truncate(&mut self, n: usize) {
+    pub(crate) fn truncate(&mut self, n: usize) {
         self.events.truncate(n);
         self.unreadable.truncate(n - self.events.len());
         self.blocked
@@ -72,7 +71,7 @@ impl Claimed {
     }
 
     /// Adds `due`'s rows and keeps the events in id order.
-    pub(super) fn add_due(&mut self, due: Claimed) {
+    pub(crate) fn add_due(&mut self, due: Claimed) {
         self.blocked.extend(due.blocked);
         if !due.events.is_empty() || !due.unreadable.is_empty() || !due.left.is_empty() {
             self.events.extend(due.events);
@@ -84,6 +83,7 @@ impl Claimed {
 }
 
 /// An event that could not be published this time.
+#[derive(Debug)]
 pub struct Failure {
     pub id: i64,
     pub topic: String,
@@ -94,41 +94,9 @@ pub struct Failure {
     pub permanent: bool,
 }
 
-/// Takes, for the current transaction, the lock of each lane group in `groups` without waiting;
-/// false if another process holds one of them (a worker whose share this was, still finishing
-/// its batch). The locks are advisory locks of a kind SQL cannot take (`objsubid` 3 in
-/// `pg_locks`), so no session can hold the relay up by taking them.
-pub fn hold_groups(groups: std::ops::Range<u32>) -> bool {
-    groups.into_iter().all(|group| {
-        let tag = pg_sys::LOCKTAG {
-            // SAFETY: reads this process's database.
-            locktag_field1: unsafe { pg_sys::MyDatabaseId.to_u32() },
-            // "obox"
-            locktag_field2: 0x6f62_6f78,
-            locktag_field3: group,
-            locktag_field4: 3,
-            locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
-            locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
-        };
-        // SAFETY: a transaction lock taken without waiting, inside the worker's transaction.
-        let result = unsafe {
-            pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true)
-        };
-        result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
-    })
-}
-
-/// Which of the table's events a claim may take: the lanes of this worker's share, and whether
-/// some event in them failed or is held (its key's later events must then wait for it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scope {
-    pub lanes: std::ops::Range<i16>,
-    pub failing: bool,
-}
-
 /// Runs the claim `statement` for up to `limit` events of `lanes` (past or up to `id`, for the
 /// claims that take one), reading its rows as the executor produces them.
-pub(super) fn run_claim(
+pub fn run_claim(
     statement: &Plan,
     limit: usize,
     lanes: &std::ops::Range<i16>,
@@ -249,7 +217,7 @@ fn read_row(claimed: &mut Claimed, values: &[pg_sys::Datum], nulls: &[bool], utf
 ///
 /// # Safety
 /// `datum` is a non-null `text` datum, valid while its row is being read.
-unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String, String> {
+unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String, NotUtf8> {
     let stored = datum.cast_mut_ptr::<pg_sys::varlena>();
     // SAFETY: the caller's promise. Only a compressed or out-of-line value needs PostgreSQL to
     // fetch it (into the executor's memory); a plain or short one is read where it is.
@@ -262,7 +230,7 @@ unsafe fn utf8_text(datum: pg_sys::Datum, utf8_database: bool) -> Result<String,
     };
     // SAFETY: a varlena in memory, as just made sure.
     let bytes = unsafe { pgrx::varlena::varlena_to_byte_slice(text) };
-    let invalid = |e: std::str::Utf8Error| format!("is not valid UTF-8: {e}");
+    let invalid = |e: std::str::Utf8Error| NotUtf8::Invalid(e.to_string());
     let read = if utf8_database {
         std::str::from_utf8(bytes)
             .map(str::to_owned)
