@@ -6,8 +6,6 @@
 //! `TRUNCATE outbox` beside the relay never deadlocks. Counted in index entries and scans, not
 //! timed, against a real PostgreSQL and Redis.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use common::sql::count;

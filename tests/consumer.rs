@@ -8,8 +8,6 @@
 //!
 //! Run against Redis 8 too: OUTBOX_TEST_REDIS_SERVER=/path/to/redis-server.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

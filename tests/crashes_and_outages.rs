@@ -4,8 +4,6 @@
 //! while Redis hangs and while a synchronous standby is absent. Against a real PostgreSQL and
 //! Redis (that a crash publishes nothing twice is in `dedupe.rs`).
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 

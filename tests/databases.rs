@@ -4,8 +4,6 @@
 //! `WITH (FORCE)`. The utility hook that sees to the last leaves PostgreSQL's own errors as
 //! they are.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use common::{enqueue_many, wait_until, Pg, Redis};

@@ -1,8 +1,6 @@
 //! Exactly once into Redis: a relay killed between publishing a batch and marking it leaves no
 //! duplicate with `outbox.dedupe = on`, and the at-least-once duplicates come back with it off.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,6 @@
 //! with no UTF-8 form is buried saying why; the names of schemas and databases stored in them
 //! are relayed from, and logged, in UTF-8. Against a real PostgreSQL and Redis.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -4,8 +4,6 @@
 //! a session keeps, a table changed by hand) is in `insert.rs`; bad input, its SQLSTATEs and
 //! hints, and privileges are pinned by `tests/regress` (pg_regress).
 
-mod common;
-
 use std::time::Duration;
 
 use common::sql::count;

@@ -4,8 +4,6 @@
 //! PostgreSQL and Redis (the order kept per key is in `keys.rs`; bad headers and delays are
 //! refused in `regress/sql/enqueue_options.sql`).
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

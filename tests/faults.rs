@@ -26,8 +26,6 @@
 //! `make faults SEED=n MINUTES=m` runs schedules from that seed for that long
 //! (`OUTBOX_FAULTS_SEED`, `OUTBOX_FAULTS_MINUTES`).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -5,8 +5,6 @@
 //! column changed to `json`, new columns with defaults, all written as an INSERT would write
 //! them. Against a real PostgreSQL, and Redis where the events must go out.
 
-mod common;
-
 use std::time::Duration;
 
 use common::sql::{count, one};

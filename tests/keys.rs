@@ -4,8 +4,6 @@
 //! buried; and an event committed late (prepared, or below a draining backlog) keeps its place.
 //! Against a real PostgreSQL and Redis.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -2,8 +2,6 @@
 //! file (`contrib/postgres_exporter.yml`) against a live server, serves the figures that
 //! `outbox_status` and the relay's counters hold.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;

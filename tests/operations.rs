@@ -1,8 +1,6 @@
 //! Operating the outbox against real servers: dead letters, monitoring views, and dump and
 //! restore (pruning over time: `pruning.rs`).
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -6,8 +6,6 @@
 //! `scripts/test.sh` builds the package (`scripts/package.sh`) and runs this test with
 //! `OUTBOX_TEST_PACKAGE` naming it, after the rest of the suite.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

@@ -2,8 +2,6 @@
 //! events redriven long after their neighbours. Timing, not the PostgreSQL major, is what these
 //! test, so `make test` runs them once.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use common::redis_keys::{poison, unpoison};

@@ -6,8 +6,6 @@
 //! group has not acknowledged where the server can (8.2+), and elsewhere says so once and trims
 //! as without it. Each test asserts what its server must do.
 
-mod common;
-
 use std::time::Duration;
 
 use common::{enqueue_many, wait_until, Pg, Redis};

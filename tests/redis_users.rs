@@ -5,8 +5,6 @@
 //! scripts holds the events back uncharged. Against a real PostgreSQL and Redis (the users of a
 //! Sentinel or a Cluster are in `topologies.rs`).
 
-mod common;
-
 use std::time::Duration;
 
 use common::redis_keys::keys;

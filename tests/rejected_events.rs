@@ -4,8 +4,6 @@
 //! waiting out their retries do not slow a healthy topic. Against a real PostgreSQL and Redis
 //! (what a rejected event does to the later events of its key is in `keys.rs`).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use common::redis_keys::poison;

@@ -4,8 +4,6 @@
 //! share a backlog, are named and reload their settings, wait for `CREATE EXTENSION`, find the
 //! extension in a schema of its own, and on a standby wait for the promotion.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,6 @@
 //! still be in Redis. The new events must go out all the same, and a dead letter whose id is
 //! used again must be kept beside the first. Against a real PostgreSQL and Redis.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 

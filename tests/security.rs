@@ -4,8 +4,6 @@
 //! on the database; and a role granted only EXECUTE on the redrive functions can redrive, yet
 //! not read the events. Against a real PostgreSQL and Redis.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

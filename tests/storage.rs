@@ -1,8 +1,6 @@
 //! The table's storage: a ring of partitions that the relay empties with `TRUNCATE` once their
 //! rows are published and past `outbox.retention`, so that pruning leaves no dead row versions.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use common::sql::one;

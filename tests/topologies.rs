@@ -3,8 +3,6 @@
 //! wrong CA, the wrong host name and a missing client certificate), and ACL users limited to
 //! the stream prefix on a cluster.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::thread;
 use std::time::Duration;

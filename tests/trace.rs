@@ -2,8 +2,6 @@
 //! the statement that enqueues, or of the session's `outbox.traceparent`, reach the event's
 //! headers in Redis, against a real PostgreSQL and Redis.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -1,8 +1,6 @@
 //! Upgrades between released versions: `CREATE EXTENSION outbox VERSION '0.1.0'`, events
 //! enqueued under it, then `ALTER EXTENSION outbox UPDATE`.
 
-mod common;
-
 use std::time::Duration;
 
 use common::{enqueue_many, wait_until, Pg, Redis};
