@@ -6,14 +6,14 @@
 //! publishes the batch again instead of losing it (`outbox.dedupe` absorbs the repeat).
 //! Failures are logged when the worker's situation changes, never once per retry. Here the
 //! loop; `start.rs` the start, `pass/` one pass's transaction, `claim/` how it claims,
-//! `delayed.rs` due delayed events, `flush.rs` WAL flushes, `state.rs` the state and its log
+//! `due_moves.rs` due delayed events, `flush.rs` WAL flushes, `state.rs` the state and its log
 //! lines; the SQL in `sql.rs`, prepared in `statements.rs`. The process's plumbing is
 //! `pg/worker.rs`; the Redis thread is the outbox-redis crate.
 
 pub mod backoff;
 mod claim;
 mod contention;
-mod delayed;
+mod due_moves;
 mod extension;
 mod flush;
 pub mod launcher;
@@ -36,7 +36,7 @@ use crate::shmem::{Counts, DatabaseShare, EnqueueActivity, WorkerSlot, WorkerSta
 use backoff::{Backoff, Pacing};
 use claim::retry::RetrySchedule;
 use claim::Claims;
-use delayed::DelayedMoves;
+use due_moves::DelayedMoves;
 use extension::Extension;
 use flush::WalFlush;
 use pass::{Pass, PassRun};

@@ -12,7 +12,7 @@ use pgrx::prelude::*;
 use super::backoff::{Backoff, Pacing};
 use super::claim::retry::RetrySchedule;
 use super::claim::Claims;
-use super::delayed::DelayedMoves;
+use super::due_moves::DelayedMoves;
 use super::extension::Extension;
 use super::flush::WalFlush;
 use super::session;

@@ -28,7 +28,7 @@ use pgrx::prelude::*;
 use super::backoff::{self, Backoff};
 use super::claim::retry::RetrySchedule;
 use super::claim::{Claimed, Claimer, Claims, Failure, Scope};
-use super::delayed::DelayedMoves;
+use super::due_moves::DelayedMoves;
 use super::extension::Extension;
 use super::flush;
 use super::settings::Settings;
