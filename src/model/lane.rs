@@ -7,7 +7,7 @@
 //! takes a transaction lock on each of its groups without waiting; a worker that still holds one
 //! (a worker on its way out while the launcher hands its share to another) keeps the other off
 //! the group until its batch has committed. Events of one key therefore go through one worker
-//! at a time, in id order. Pure logic, unit-tested; the locks are in `relay/claim.rs`.
+//! at a time, in id order. Pure logic, unit-tested; the locks are in `relay/claim/scope.rs`.
 
 /// Lanes an event can be in: `outbox.lane` holds `0..LANES`.
 pub const LANES: i16 = 1024;

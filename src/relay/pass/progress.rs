@@ -77,7 +77,7 @@ impl Progress {
     }
 
     /// Counts a claim; gives its events and its unreadable rows (its blocked rows are held
-    /// already, see `PassRun::claim`).
+    /// already, see `Claimer::claim`).
     pub fn took(&mut self, claimed: Claimed) -> (Vec<Event>, Vec<Failure>) {
         self.claimed += claimed.len();
         self.more_due |= claimed.more_due;
