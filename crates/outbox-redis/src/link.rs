@@ -13,8 +13,8 @@ use redis::cluster_routing::{
 };
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{
-    Client, Cmd, ConnectionAddr, ConnectionLike, ErrorKind, IntoConnectionInfo, RedisError,
-    ServerError, TlsCertificates, TlsMode, Value,
+    Client, Cmd, ConnectionAddr, ConnectionLike, ErrorKind, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, ServerError, TlsCertificates, TlsMode, Value,
 };
 
 use crate::error::{describe, Error};
@@ -164,35 +164,7 @@ fn primary_from_sentinels(
                 .into(),
         ));
     }
-    let mut sentinels = Vec::with_capacity(urls.len());
-    let mut tls = None;
-    let mut credentials = None;
-    for url in urls {
-        let info = url.into_connection_info().map_err(setting)?;
-        let address = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => ConnectionAddr::Tcp(host.clone(), *port),
-            ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure,
-                ..
-            } => {
-                tls = Some(if *insecure {
-                    TlsMode::Insecure
-                } else {
-                    TlsMode::Secure
-                });
-                ConnectionAddr::Tcp(host.clone(), *port)
-            }
-            _ => {
-                return Err(Error::Setting(
-                    "sentinels are reached over TCP, not a Unix socket".into(),
-                ))
-            }
-        };
-        sentinels.push(address);
-        credentials.get_or_insert_with(|| info.redis_settings().clone());
-    }
+    let (sentinels, tls, credentials) = sentinel_addresses(urls)?;
     let mut builder = SentinelClientBuilder::new(
         sentinels,
         &target.sentinel_master,
@@ -232,6 +204,48 @@ fn primary_from_sentinels(
             target.sentinel_master
         ))
     })
+}
+
+/// What the sentinels' URLs say: the addresses, whether they are reached over TLS, and the user
+/// and database of the first URL (the primary's).
+type Sentinels = (
+    Vec<ConnectionAddr>,
+    Option<TlsMode>,
+    Option<RedisConnectionInfo>,
+);
+
+/// The sentinels the URLs name (see [`Sentinels`]).
+fn sentinel_addresses(urls: &[&str]) -> Result<Sentinels, Error> {
+    let mut sentinels = Vec::with_capacity(urls.len());
+    let mut tls = None;
+    let mut credentials = None;
+    for url in urls {
+        let info = url.into_connection_info().map_err(setting)?;
+        let address = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => ConnectionAddr::Tcp(host.clone(), *port),
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => {
+                tls = Some(if *insecure {
+                    TlsMode::Insecure
+                } else {
+                    TlsMode::Secure
+                });
+                ConnectionAddr::Tcp(host.clone(), *port)
+            }
+            _ => {
+                return Err(Error::Setting(
+                    "sentinels are reached over TCP, not a Unix socket".into(),
+                ))
+            }
+        };
+        sentinels.push(address);
+        credentials.get_or_insert_with(|| info.redis_settings().clone());
+    }
+    Ok((sentinels, tls, credentials))
 }
 
 /// The TLS files, read; `None` when none is set (the system's roots, no client certificate).
