@@ -95,13 +95,9 @@ impl PassRun<'_> {
                 next = claim_next(self, &progress);
                 continue;
             }
-            // Looked up before the chunk goes: between the send and the wait for its reply, a
-            // return would leave that reply to the next pass, which would mark its own events
-            // by it.
-            if self.extension.statements().is_none() {
+            if !self.send(events) {
                 return Batch::nothing(Pass::NoExtension);
             }
-            self.send(events);
             next = claim_next(self, &progress);
             let (sent, results) = match self.answer() {
                 Ok(answer) => answer,
@@ -184,15 +180,20 @@ impl PassRun<'_> {
     }
 
     /// Hands a chunk to the Redis thread, and marks its events published while Redis works
-    /// (undone by the rollback if Redis fails).
-    fn send(&mut self, events: Vec<Event>) {
+    /// (undone by the rollback if Redis fails). False, with nothing sent, when the extension's
+    /// statements are gone: they are looked up before the chunk goes, since a return between the
+    /// send and the wait for its reply would leave that reply to the next pass, which would mark
+    /// its own events by it.
+    fn send(&mut self, events: Vec<Event>) -> bool {
+        let Some(statements) = self.extension.statements() else {
+            return false;
+        };
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
         if !self.publisher.send(events) {
             self.exit();
         }
-        if let Some(statements) = self.extension.statements() {
-            statements.mark_published(ids);
-        }
+        statements.mark_published(ids);
+        true
     }
 
     /// Waits for the Redis thread's answer to the chunk sent: the events with what became of
