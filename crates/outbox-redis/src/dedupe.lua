@@ -17,7 +17,8 @@
 -- KEYS[1]             the stream
 -- KEYS[2s], KEYS[2s+1] run s's marker hash of the current period, and of the period before
 -- ARGV[1]             MAXLEN ~ bound, 0 for none; followed by 'a' to trim with ACKED (Redis 8.2+:
---                     entries a consumer group has not acknowledged stay), then by 'i' where
+--                     entries a consumer group has not acknowledged stay), then by 'c' to
+--                     write CloudEvents (as add.lua does), then by 'i' where
 --                     Redis has IDMP: each XADD then carries the event's IDMP identity too, so
 --                     that IDMP knows an event the markers added (see below); after 'i',
 --                     ':<seconds>:<ids>', the IDMP window a stream this call makes gets
@@ -29,7 +30,10 @@
 -- ARGV[4+2s], ARGV[5+2s] the number of events in run s, and its marker if every one is added
 -- then                the n event ids, in order
 -- then                per event: its payload and created_at, with 'i' its IDMP producer and
---                     identity, then its key and its headers if it has them
+--                     identity, then its key and its headers if it has them: with 'c', its
+--                     headers are the number n of its extension attributes and n pairs of
+--                     field name (ce_...) and value
+-- last                with 'c', the CloudEvents source
 -- Once XADD refuses an event, the call adds nothing more: every later event is refused with the
 -- same error, untried. Redis refuses a script's writes for memory only until the script has
 -- written, and taking found events' markers over (HDEL) is a write that memory does not refuse:
@@ -40,8 +44,10 @@
 -- transaction never committed: it is not added again. With 'i', an event that IDMP has seen
 -- (sent with IDMP by a relay process that died before its commit, the setting switched since)
 -- is not added again either: XADD answers the entry it added then.
-local bound, acked, idmp, window = string.match(ARGV[1], '^(%d+)(a?)(i?)(.*)$')
+local bound, acked, ce, idmp, window = string.match(ARGV[1], '^(%d+)(a?)(c?)(i?)(.*)$')
 idmp = idmp == 'i'
+ce = ce == 'c'
+local source = ce and ARGV[#ARGV]
 local maxlen = tonumber(bound)
 local trim = acked == 'a' and 'ACKED' or nil
 local expires_at = ARGV[2]
@@ -53,6 +59,25 @@ local stream = KEYS[1]
 local xadd = redis.pcall
 local KEY, HEADERS, BOTH = string.byte('k'), string.byte('h'), string.byte('b')
 local DIGIT_0, DIGIT_9, MINUS = string.byte('0'), string.byte('9'), string.byte('-')
+
+-- Writes an event's fields as a CloudEvent (see add.lua) into args after position a: its key
+-- unless empty as the subject, and the extension attributes at ARGV[attributes] (their number,
+-- then pairs), if any.
+local function cloudevent(args, a, id, payload, stamp, key, attributes)
+  args[a + 1], args[a + 2], args[a + 3], args[a + 4] = 'ce_specversion', '1.0', 'ce_id', id .. '@' .. stamp
+  args[a + 5], args[a + 6], args[a + 7], args[a + 8] = 'ce_source', source, 'ce_type', topic
+  args[a + 9], args[a + 10] = 'ce_time', stamp
+  a = a + 10
+  if key and key ~= '' then
+    args[a + 1], args[a + 2] = 'ce_subject', key
+    a = a + 2
+  end
+  args[a + 1], args[a + 2], args[a + 3], args[a + 4] = 'content-type', 'application/json', 'data', payload
+  a = a + 4
+  if attributes then
+    for j = 1, 2 * tonumber(ARGV[attributes]) do args[a + j] = ARGV[attributes + j] end
+  end
+end
 
 -- Adds the markers a hash holds to `known`: "<id>|<created_at>" -> where it is, the field
 -- that holds it (a table shared by that field's markers). A
@@ -144,12 +169,15 @@ for r = 1, runs do
       producer, identity = ARGV[field_at], ARGV[field_at + 1]
       field_at = field_at + 2
     end
-    local key, headers
+    local key, headers, attributes
     if shape == KEY or shape == BOTH then
       key = ARGV[field_at]
       field_at = field_at + 1
     end
-    if shape == HEADERS or shape == BOTH then
+    if shape == HEADERS and ce or shape == BOTH and ce then
+      attributes = field_at
+      field_at = field_at + 1 + 2 * tonumber(ARGV[field_at])
+    elseif shape == HEADERS or shape == BOTH then
       headers = ARGV[field_at]
       field_at = field_at + 1
     end
@@ -168,7 +196,7 @@ for r = 1, runs do
       added[k], added_stamps[k] = at, stamp_at
     else
       local entry
-      if key or headers or idmp then
+      if ce or key or headers or idmp then
         local args = {'XADD', stream}
         if trim and maxlen > 0 then
           args[3], args[4], args[5], args[6] = trim, 'MAXLEN', '~', maxlen
@@ -180,16 +208,21 @@ for r = 1, runs do
           args[a + 1], args[a + 2], args[a + 3] = 'IDMP', producer, identity
           a = a + 3
         end
-        args[a + 1], args[a + 2], args[a + 3], args[a + 4] = '*', 'id', id, 'topic'
-        args[a + 5], args[a + 6], args[a + 7] = topic, 'payload', payload
-        args[a + 8], args[a + 9] = 'created_at', stamp
-        a = a + 9
-        if key then
-          args[a + 1], args[a + 2] = 'key', key
-          a = a + 2
-        end
-        if headers then
-          args[a + 1], args[a + 2] = 'headers', headers
+        args[a + 1] = '*'
+        if ce then
+          cloudevent(args, a + 1, id, payload, stamp, key, attributes)
+        else
+          args[a + 2], args[a + 3], args[a + 4] = 'id', id, 'topic'
+          args[a + 5], args[a + 6], args[a + 7] = topic, 'payload', payload
+          args[a + 8], args[a + 9] = 'created_at', stamp
+          a = a + 9
+          if key then
+            args[a + 1], args[a + 2] = 'key', key
+            a = a + 2
+          end
+          if headers then
+            args[a + 1], args[a + 2] = 'headers', headers
+          end
         end
         entry = xadd(unpack(args))
       elseif trim and maxlen > 0 then

@@ -10,6 +10,7 @@
 //! - `resp`: commands written as Redis reads them, into one buffer per round trip.
 //! - `rfc3339`: an event's timestamp as the text Redis gets.
 //! - `encode`: an event on its way to Redis (`Event`), stream keys, entry fields, marker keys.
+//! - `cloudevents`: an event's entry as a CloudEvent, and which events can be one.
 //! - `outcome`: what Redis made of a chunk (`Outcome`, `Markers`, `Answer`, `Failed`).
 //! - `redis_url`, `password_file`: the URLs of `outbox.redis_url`, and the password files.
 //! - `one_by_one`: a key's order in a chunk sent again event by event.
@@ -23,6 +24,7 @@
 //! - `connection`: a chunk sent on a link, and an event that breaks the connection isolated.
 //! - `publish`: the publisher thread, and the channel the worker's main thread drives it by.
 
+pub mod cloudevents;
 mod connection;
 pub mod encode;
 pub mod error;

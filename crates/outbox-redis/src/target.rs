@@ -43,6 +43,27 @@ pub struct Target {
     pub dedupe_ttl: Duration,
     /// Tells apart databases sharing a Redis: in marker hash keys, and IDMP's producer ids.
     pub marker_namespace: String,
+    /// The shape of the stream entries.
+    pub format: Format,
+}
+
+/// `outbox.message_format`: the shape of a stream entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Format {
+    /// The project's own fields: `id`, `topic`, `payload`, `created_at`, `key`, `headers`.
+    Fields,
+    /// A CloudEvent in binary content mode (`cloudevents.rs`), from `source` (`ce_source`).
+    CloudEvents { source: String },
+}
+
+impl Format {
+    /// The CloudEvents source, when entries are CloudEvents.
+    pub fn cloudevents_source(&self) -> Option<&str> {
+        match self {
+            Format::Fields => None,
+            Format::CloudEvents { source } => Some(source),
+        }
+    }
 }
 
 /// `outbox.dedupe`: how a batch republished after a crash is kept out of the streams.

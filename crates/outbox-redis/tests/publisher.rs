@@ -7,10 +7,14 @@ mod common;
 use std::time::Duration;
 
 use common::{event, publish, target, wait_until, Redis};
+use outbox_redis::cloudevents;
 use outbox_redis::error::Error;
 use outbox_redis::outcome::Outcome;
 use outbox_redis::publish::{Publisher, Reply};
-use outbox_redis::target::{Dedupe, Mode};
+use outbox_redis::target::{Dedupe, Format, Mode};
+
+/// `common::CREATED_AT` in RFC 3339.
+const STAMP: &str = "2026-11-29T23:01:44.123456Z";
 
 /// What Redis made of a batch that it answered for.
 fn outcomes(reply: Reply) -> Vec<Outcome> {
@@ -82,6 +86,86 @@ fn the_publisher_thread_adds_a_batch_with_the_contracts_fields() {
 /// A batch whose transaction rolled back leaves its markers in Redis; published again, it finds
 /// them and adds no second entry. Once the batch's transaction has committed and its commit is
 /// on disk, the markers are deleted.
+/// With `outbox.message_format = cloudevents`, each event is one entry whose fields are
+/// `cloudevents::fields`: the same through the markers' script, `add.lua` without dedupe and
+/// with IDMP (where the server has it), and plain `XADD`s (a user who may not run scripts). A
+/// batch published again with dedupe adds nothing, whatever the shape.
+#[test]
+fn cloudevents_are_the_same_entries_whichever_way_they_go() {
+    use std::os::unix::fs::PermissionsExt;
+    let redis = Redis::start();
+    let info: String = redis.query(redis::cmd("INFO").arg("server"));
+    let idmp = outbox_redis::server::features(&[outbox_redis::server::parse_info(&info)]).idmp;
+    let _: () = redis.query(redis::cmd("ACL").arg(
+        &[
+            "SETUSER",
+            "noscripts",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "-@scripting",
+        ][..],
+    ));
+    let file = std::env::temp_dir().join(format!("outbox-ce-{}.pw", std::process::id()));
+    std::fs::write(&file, "pw\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let source = "//postgresql/7/shop";
+    let mut ways = vec![
+        ("markers:", Dedupe::Markers, false),
+        ("off:", Dedupe::Off, false),
+        ("plain:", Dedupe::Off, true),
+    ];
+    if idmp {
+        ways.push(("idmp:", Dedupe::Idmp, false));
+    }
+    for (prefix, dedupe, plain) in ways {
+        let mut settings = target(&redis.url(), prefix, dedupe);
+        if plain {
+            settings.url = format!("redis://noscripts@127.0.0.1:{}", redis.port);
+            settings.password_file = file.display().to_string();
+        }
+        settings.format = Format::CloudEvents {
+            source: source.into(),
+        };
+        let publisher = Publisher::spawn(settings).expect("cannot start the Redis thread");
+        let mut events: Vec<_> = (1..=6).map(|id| event(id, "orders")).collect();
+        events[1].key = Some("order-2".into());
+        events[2].key = Some(String::new());
+        events[3].headers = Some(r#"{"traceparent": "00-1-2-01", "tenant": "t\u00e9"}"#.into());
+        events[4].key = Some("order-5".into());
+        events[4].headers = Some("{}".into());
+        events[5].topic = "users".into();
+        events[5].headers = Some(r#"{"tracestate": "a=b"}"#.into());
+        for round in 0..2 {
+            let answered = outcomes(publish(&publisher, events.clone()));
+            assert_eq!(answered, vec![Outcome::Added; 6], "{prefix} round {round}");
+        }
+        let expected = |events: &[outbox_redis::encode::Event]| -> Vec<Vec<(String, String)>> {
+            events
+                .iter()
+                .map(|e| cloudevents::fields(e, source))
+                .collect()
+        };
+        let orders = redis.entries(&format!("{prefix}orders"));
+        let once = expected(&events[..5]);
+        if dedupe.is_on() {
+            assert_eq!(orders, once, "{prefix}");
+        } else {
+            // Without dedupe the batch went in twice.
+            assert_eq!(orders, [once.clone(), once].concat(), "{prefix}");
+        }
+        let users = redis.entries(&format!("{prefix}users"));
+        assert_eq!(
+            users[0],
+            cloudevents::fields(&events[5], source),
+            "{prefix}"
+        );
+        assert_eq!(users[0][1], ("ce_id".to_string(), format!("6@{STAMP}")));
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
 #[test]
 fn a_batch_published_again_with_dedupe_on_adds_nothing() {
     let redis = Redis::start();

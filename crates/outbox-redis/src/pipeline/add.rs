@@ -2,9 +2,10 @@
 //! run scripts. The script adds nothing after an event Redis refused, so that a key's later
 //! events never go before its earlier ones.
 
+use crate::cloudevents;
 use crate::encode::{group_by_stream, optional_fields, Event};
 use crate::idmp;
-use crate::resp::Packed;
+use crate::resp::{Args, Packed};
 use crate::rfc3339::rfc3339_arg;
 use crate::scripts::{ScriptCall, ADD_SCRIPT};
 use crate::target::Target;
@@ -22,10 +23,12 @@ pub(super) fn calls(
 ) -> Vec<Vec<usize>> {
     let mut producers = idmp::Producers::default();
     let mut calls = Vec::new();
+    let source = target.format.cloudevents_source();
     let bound = format!(
-        "{}{}{}",
+        "{}{}{}{}",
         target.stream_maxlen,
         if acked { "a" } else { "" },
+        if source.is_some() { "c" } else { "" },
         if idmp { "i" } else { "" }
     );
     for (stream, positions) in group_by_stream(&target.stream_prefix, events) {
@@ -48,11 +51,28 @@ pub(super) fn calls(
                     cmd.arg(key);
                 }
                 if let Some(headers) = &event.headers {
-                    cmd.arg(headers);
+                    match source {
+                        None => cmd.arg(headers),
+                        Some(_) => extension_args(cmd, headers),
+                    };
                 }
+            }
+            if let Some(source) = source {
+                cmd.arg(source);
             }
         });
         calls.push(positions);
     }
     calls
+}
+
+/// An event's headers as the scripts take them for a CloudEvent: the number of its extension
+/// attributes, then each one's field name and value.
+fn extension_args<'a, 'b>(cmd: &'b mut Args<'a>, headers: &str) -> &'b mut Args<'a> {
+    let attributes = cloudevents::extensions(headers).unwrap_or_default();
+    cmd.uint(attributes.len() as u64);
+    for (name, value) in attributes {
+        cmd.arg(name).arg(value);
+    }
+    cmd
 }

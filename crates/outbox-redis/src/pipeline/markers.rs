@@ -9,6 +9,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::cloudevents;
 use crate::encode::{
     group_by_stream, marker_key, marker_period, optional_fields, shard_runs, Event,
 };
@@ -93,6 +94,9 @@ pub(super) fn calls(
         for &p in &positions {
             event_args(&mut cmd, &events[p], &stamps[p], target, producers.as_mut());
         }
+        if let Some(source) = target.format.cloudevents_source() {
+            cmd.arg(source);
+        }
         commands.push(&cmd);
         calls.push(positions);
     }
@@ -100,9 +104,14 @@ pub(super) fn calls(
 }
 
 /// The script's first argument, the same for every stream of a chunk: the `MAXLEN` bound, `a`
-/// to trim with `ACKED`, and with IDMP identities `i:` and the window's seconds and ids.
+/// to trim with `ACKED`, `c` for CloudEvents, and with IDMP identities `i:` and the window's
+/// seconds and ids.
 fn first_argument(target: &Target, acked: bool, idmp: bool) -> String {
     let acked = if acked { "a" } else { "" };
+    let ce = match target.format.cloudevents_source() {
+        Some(_) => "c",
+        None => "",
+    };
     let window = if idmp {
         format!(
             "i:{}:{}",
@@ -112,11 +121,12 @@ fn first_argument(target: &Target, acked: bool, idmp: bool) -> String {
     } else {
         String::new()
     };
-    format!("{}{acked}{window}", target.stream_maxlen)
+    format!("{}{acked}{ce}{window}", target.stream_maxlen)
 }
 
 /// One event's arguments after the ids: its payload and timestamp, its IDMP producer and
-/// identity (with `producers`), then its key and headers where it has them.
+/// identity (with `producers`), then its key and headers where it has them (for a CloudEvent,
+/// the headers as the number of extension attributes and their field names and values).
 fn event_args(
     cmd: &mut redis::Cmd,
     event: &Event,
@@ -133,6 +143,14 @@ fn event_args(
         cmd.arg(key);
     }
     if let Some(headers) = &event.headers {
-        cmd.arg(headers);
+        if target.format.cloudevents_source().is_some() {
+            let attributes = cloudevents::extensions(headers).unwrap_or_default();
+            cmd.arg(attributes.len());
+            for (name, value) in attributes {
+                cmd.arg(name).arg(value);
+            }
+        } else {
+            cmd.arg(headers);
+        }
     }
 }

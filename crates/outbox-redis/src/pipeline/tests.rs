@@ -35,6 +35,7 @@ fn target(dedupe: Dedupe) -> Target {
         dedupe,
         dedupe_ttl: Duration::from_secs(1),
         marker_namespace: "t".into(),
+        format: crate::target::Format::Fields,
     }
 }
 

@@ -5,9 +5,10 @@
 //! timestamps written in place: the relay's Redis thread spends its time here, beside the main
 //! thread on the same cores.
 
+use crate::cloudevents;
 use crate::encode::{stream_key, Event};
 use crate::resp::{Args, Packed};
-use crate::rfc3339::rfc3339_arg;
+use crate::rfc3339::{rfc3339, rfc3339_arg};
 use crate::target::Target;
 
 /// Writes the chunk's `XADD`s into `out`, one per event in order; `trim` writes the trimming
@@ -31,7 +32,10 @@ pub fn build(
             cmd.arg("XADD").arg(&stream);
             trim(cmd);
             cmd.arg("*");
-            write_fields(cmd, event);
+            match target.format.cloudevents_source() {
+                None => write_fields(cmd, event),
+                Some(source) => write_cloudevent(cmd, event, source),
+            }
         });
     }
 }
@@ -48,6 +52,26 @@ fn write_fields(cmd: &mut Args<'_>, event: &Event) {
     }
     if let Some(headers) = &event.headers {
         cmd.arg("headers").arg(headers);
+    }
+}
+
+/// The entry's fields as a CloudEvent, as [`cloudevents::fields`] lists them, written into `cmd`.
+fn write_cloudevent(cmd: &mut Args<'_>, event: &Event, source: &str) {
+    let time = rfc3339(event.created_at);
+    cmd.arg("ce_specversion").arg(cloudevents::SPECVERSION);
+    cmd.arg("ce_id").arg(cloudevents::id(event.id, &time));
+    cmd.arg("ce_source").arg(source);
+    cmd.arg("ce_type").arg(&event.topic);
+    cmd.arg("ce_time").arg(&time);
+    if let Some(subject) = cloudevents::subject(event) {
+        cmd.arg("ce_subject").arg(subject);
+    }
+    cmd.arg("content-type").arg(cloudevents::CONTENT_TYPE);
+    cmd.arg("data").arg(&event.payload);
+    if let Some(headers) = &event.headers {
+        for (name, value) in cloudevents::extensions(headers).unwrap_or_default() {
+            cmd.arg(name).arg(value);
+        }
     }
 }
 
@@ -72,6 +96,14 @@ mod tests {
                 .fields()
                 .into_iter()
                 .flat_map(|(name, value)| [name.to_string(), value.into_owned()])
+                .collect();
+            assert_eq!(args(cmd), expected);
+            let mut packed = Packed::default();
+            packed.command(|cmd| write_cloudevent(cmd, &event, "//postgresql/1/d"));
+            let cmd = &packed.commands().unwrap()[0];
+            let expected: Vec<String> = cloudevents::fields(&event, "//postgresql/1/d")
+                .into_iter()
+                .flat_map(|(name, value)| [name, value])
                 .collect();
             assert_eq!(args(cmd), expected);
         }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use outbox_redis::encode::Event;
 use outbox_redis::publish::{Publisher, Reply};
-use outbox_redis::target::{Dedupe, Mode, Target, TlsFiles};
+use outbox_redis::target::{Dedupe, Format, Mode, Target, TlsFiles};
 
 /// The server program the tests start: `redis-server`, or another that speaks its protocol
 /// (Valkey's `valkey-server`) named by `OUTBOX_TEST_REDIS_SERVER`, as for the extension's tests.
@@ -187,6 +187,7 @@ pub fn target(url: &str, prefix: &str, dedupe: Dedupe) -> Target {
         dedupe,
         dedupe_ttl: Duration::from_secs(3600),
         marker_namespace: "42.5".into(),
+        format: Format::Fields,
     }
 }
 
