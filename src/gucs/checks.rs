@@ -139,6 +139,25 @@ pub(super) unsafe extern "C-unwind" fn check_notify_channel(
 }
 
 #[pgrx::pg_guard]
+pub(super) unsafe extern "C-unwind" fn check_cloudevents_source(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    let value = unsafe { candidate_bytes(newval) };
+    if std::str::from_utf8(value).is_ok_and(outbox_redis::cloudevents::is_source) {
+        return true;
+    }
+    check_text(
+        CheckText::Detail,
+        "A CloudEvents source is a URI reference: printable ASCII without spaces, other \
+         characters percent-encoded, such as //shop.example.com/orders.",
+    );
+    false
+}
+
+#[pgrx::pg_guard]
 pub(super) unsafe extern "C-unwind" fn check_traceparent(
     newval: *mut *mut c_char,
     _extra: *mut *mut c_void,

@@ -194,3 +194,13 @@ pub fn stream_trim_acked() -> bool {
 pub fn dedupe_ttl() -> Duration {
     seconds(&DEDUPE_TTL_S)
 }
+
+/// Whether entries are CloudEvents (`outbox.message_format = cloudevents`).
+pub fn cloudevents() -> bool {
+    MESSAGE_FORMAT.get() == MessageFormat::CloudEvents
+}
+
+/// `outbox.cloudevents_source` as set (empty for the default).
+pub fn cloudevents_source() -> String {
+    string(&CLOUDEVENTS_SOURCE)
+}

@@ -47,6 +47,9 @@ pub(super) static DEDUPE: GucSetting<DedupeSetting> =
 pub(super) static STREAM_MAX_AGE_S: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub(super) static STREAM_TRIM_ACKED: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub(super) static DEDUPE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 3600);
+pub(super) static MESSAGE_FORMAT: GucSetting<MessageFormat> =
+    GucSetting::<MessageFormat>::new(MessageFormat::Fields);
+pub(super) static CLOUDEVENTS_SOURCE: Text = Text::new(Some(c""));
 
 /// Who may change a setting, and when it takes effect.
 #[derive(Clone, Copy)]
@@ -168,6 +171,12 @@ static SETTINGS: &[Setting] = &[
     Setting { name: c"outbox.dedupe_ttl", scope: Reload, flags: S, value: Integer(&DEDUPE_TTL_S, 1, i32::MAX),
         short: c"How long a dedupe marker left behind by a relay crash lives in Redis, and IDMP's window (at most 24 h).",
         long: c"" },
+    Setting { name: c"outbox.message_format", scope: Reload, flags: NONE, value: Of(&MESSAGE_FORMAT),
+        short: c"Shape of the stream entries: fields (id, topic, payload, created_at, key, headers) or cloudevents (CloudEvents 1.0, binary content mode).",
+        long: c"With cloudevents, outbox_enqueue accepts only headers whose names are CloudEvents extension attribute names." },
+    Setting { name: c"outbox.cloudevents_source", scope: Reload, flags: NONE, value: Chars(&CLOUDEVENTS_SOURCE, Some(checks::check_cloudevents_source)),
+        short: c"The CloudEvents source (ce_source) of the events; {database} becomes the database's name. Empty: //postgresql/<system identifier>/<database>.",
+        long: c"" },
 ];
 
 /// Defines every setting with PostgreSQL; the restart-only ones only while the library is
@@ -275,6 +284,15 @@ pub(super) enum DedupeSetting {
     #[name = c"0"]
     #[hidden = true]
     Zero,
+}
+
+/// `outbox.message_format`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
+pub(super) enum MessageFormat {
+    #[name = c"fields"]
+    Fields,
+    #[name = c"cloudevents"]
+    CloudEvents,
 }
 
 /// What `outbox.redis_url` names: the setting's values, which `mod.rs` maps to the Redis side's

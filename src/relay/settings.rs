@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use outbox_redis::cloudevents;
 use outbox_redis::publish::Publisher;
-use outbox_redis::target::{Mode, Target, TlsFiles};
+use outbox_redis::target::{Format, Mode, Target, TlsFiles};
 use pgrx::prelude::*;
 
 use super::session;
@@ -53,6 +54,7 @@ impl Settings {
                 dedupe,
                 dedupe_ttl: gucs::dedupe_ttl(),
                 marker_namespace: marker_namespace.to_string(),
+                format: format(database),
             },
             batch_size: gucs::batch_size(),
             poll_interval: gucs::poll_interval(),
@@ -127,7 +129,7 @@ impl Settings {
         format!(
             "database={database} redis_url={} redis_mode={mode}{tls}{wait} batch_size={} poll_interval={}ms \
              redis_timeout={}ms stream_prefix='{}' stream_maxlen={}{} max_attempts={} retention={} \
-             dedupe={} dedupe_ttl={}s",
+             dedupe={} dedupe_ttl={}s{}",
             match target.url_refused {
                 Some(_) => "(refused: it holds a password)",
                 None => target.url.as_str(),
@@ -142,7 +144,23 @@ impl Settings {
             retention,
             self.dedupe_name,
             target.dedupe_ttl.as_secs(),
+            match target.format.cloudevents_source() {
+                None => String::new(),
+                Some(source) => format!(" message_format=cloudevents cloudevents_source='{source}'"),
+            },
         )
+    }
+}
+
+/// `outbox.message_format`, with the CloudEvents source of `database`.
+fn format(database: &str) -> Format {
+    if !gucs::cloudevents() {
+        return Format::Fields;
+    }
+    // SAFETY: a plain read of a value the server set at its start.
+    let system_identifier = unsafe { pg_sys::GetSystemIdentifier() };
+    Format::CloudEvents {
+        source: cloudevents::source(&gucs::cloudevents_source(), system_identifier, database),
     }
 }
 

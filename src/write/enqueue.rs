@@ -18,6 +18,8 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, varlena, PgLogLevel, PgSqlErrorCode};
 
+use outbox_redis::cloudevents;
+
 use super::{insert, notify, trace, wake};
 use crate::gucs;
 use crate::model::lane;
@@ -44,6 +46,9 @@ pub enum InputError {
         limit: usize,
     },
     HeadersNotObjectOfStrings,
+    /// With `outbox.message_format = cloudevents`: a header or the key that cannot be an
+    /// attribute of a CloudEvent, and why.
+    NotCloudEvent(cloudevents::Refusal),
     HeadersTooLarge {
         size: usize,
         limit: usize,
@@ -64,6 +69,7 @@ impl InputError {
             | InputError::TopicControlCharacter(_)
             | InputError::KeyTooLong(_)
             | InputError::HeadersNotObjectOfStrings
+            | InputError::NotCloudEvent(_)
             | InputError::NegativeDelay
             | InputError::InfiniteDelay => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             InputError::PayloadTooLarge { .. } | InputError::HeadersTooLarge { .. } => {
@@ -92,6 +98,9 @@ impl InputError {
             InputError::HeadersNotObjectOfStrings => {
                 "outbox_enqueue: headers must be a JSON object whose values are strings".into()
             }
+            InputError::NotCloudEvent(why) => {
+                format!("outbox_enqueue: {why} (outbox.message_format is cloudevents)")
+            }
             InputError::HeadersTooLarge { size, limit } => format!(
                 "outbox_enqueue: headers are {size} bytes of JSON, larger than outbox.max_payload_size ({limit} bytes)"
             ),
@@ -114,6 +123,9 @@ impl InputError {
             ),
             InputError::HeadersNotObjectOfStrings => Some(
                 "Pass headers such as '{\"traceparent\": \"00-...-01\"}', or NULL for none.",
+            ),
+            InputError::NotCloudEvent(_) => Some(
+                "Each header becomes a CloudEvents extension attribute: name it with lower-case ASCII letters and digits (such as 'tenantid'), none of specversion, id, source, type, datacontenttype, dataschema, subject, time or data, and keep control characters out of its value and out of the key.",
             ),
             InputError::NegativeDelay | InputError::InfiniteDelay => {
                 Some("Pass NULL or a positive interval such as '5 minutes'.")
@@ -205,17 +217,21 @@ fn outbox_enqueue(fcinfo: pg_sys::FunctionCallInfo) -> i64 {
         let extra = (i32::from((*fcinfo).nargs) >= 5).then(|| {
             let argument =
                 |n: usize| (!pg_arg_is_null(fcinfo, n)).then(|| pg_getarg_datum_raw(fcinfo, n));
+            let as_cloudevents = gucs::cloudevents();
             let key = argument(2);
             if let Some(key) = key {
                 // Measured before it is read: a long key may be stored compressed.
                 if let Err(error) = check_key(raw_text_len(key)) {
                     raise(error);
                 }
+                if as_cloudevents && !is_attribute_text(text_bytes(key)) {
+                    raise(InputError::NotCloudEvent(cloudevents::Refusal::Subject));
+                }
             }
             let headers = argument(3);
             if let Some(headers) = headers {
-                if !is_object_of_strings(headers) {
-                    raise(InputError::HeadersNotObjectOfStrings);
+                if let Err(error) = check_headers(headers, as_cloudevents) {
+                    raise(error);
                 }
                 let size = json_text_len(headers);
                 if size > limit {
@@ -297,28 +313,54 @@ unsafe fn deliver_at(delay: pg_sys::Datum) -> Option<pg_sys::Datum> {
     }
 }
 
-/// Whether a jsonb datum is an object whose values are all strings.
+/// Whether a jsonb datum is an object whose values are all strings, and with `as_cloudevents`,
+/// CloudEvents extension attributes: valid names, values without control characters.
 ///
 /// # Safety
 /// `datum` must be a non-null jsonb datum.
-unsafe fn is_object_of_strings(datum: pg_sys::Datum) -> bool {
+unsafe fn check_headers(datum: pg_sys::Datum, as_cloudevents: bool) -> Result<(), InputError> {
     use pg_sys::JsonbIteratorToken::*;
-    // SAFETY: iterates over a detoasted jsonb in the call's memory context.
+    // SAFETY: iterates over a detoasted jsonb in the call's memory context; a string value's
+    // bytes stay there while it is read.
     unsafe {
         let jsonb = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
         let mut iterator = pg_sys::JsonbIteratorInit(&raw mut (*jsonb).root);
         let mut value: pg_sys::JsonbValue = std::mem::zeroed();
         if pg_sys::JsonbIteratorNext(&mut iterator, &mut value, true) != WJB_BEGIN_OBJECT {
-            return false;
+            return Err(InputError::HeadersNotObjectOfStrings);
         }
+        let string = |value: &pg_sys::JsonbValue| {
+            let string = value.val.string;
+            std::slice::from_raw_parts(string.val.cast::<u8>(), string.len.max(0) as usize)
+        };
+        let mut name = String::new();
         loop {
             match pg_sys::JsonbIteratorNext(&mut iterator, &mut value, true) {
+                WJB_KEY if as_cloudevents => {
+                    // Valid names are ASCII, the same bytes in every server encoding.
+                    name = String::from_utf8_lossy(string(&value)).into_owned();
+                    cloudevents::check_name(&name).map_err(InputError::NotCloudEvent)?;
+                }
                 WJB_KEY => {}
-                WJB_VALUE if value.type_ == pg_sys::jbvType::jbvString => {}
-                WJB_END_OBJECT | WJB_DONE => return true,
-                _ => return false,
+                WJB_VALUE if value.type_ == pg_sys::jbvType::jbvString => {
+                    if as_cloudevents && !is_attribute_text(string(&value)) {
+                        let why = cloudevents::Refusal::Value(std::mem::take(&mut name));
+                        return Err(InputError::NotCloudEvent(why));
+                    }
+                }
+                WJB_END_OBJECT | WJB_DONE => return Ok(()),
+                _ => return Err(InputError::HeadersNotObjectOfStrings),
             }
         }
+    }
+}
+
+/// Whether text stored in the database's encoding may be a CloudEvents string once converted to
+/// UTF-8: no control character. Text that cannot be converted passes: the relay buries it.
+fn is_attribute_text(stored: &[u8]) -> bool {
+    match utf8::to_utf8(stored) {
+        Ok(text) => std::str::from_utf8(&text).is_ok_and(cloudevents::is_attribute_text),
+        Err(_) => true,
     }
 }
 

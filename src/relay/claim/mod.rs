@@ -18,5 +18,5 @@ mod scope;
 
 pub use claimer::Claimer;
 pub use memory::Claims;
-pub use rows::{Claimed, Failure};
+pub use rows::{not_cloudevents, Claimed, Failure};
 pub use scope::Scope;

@@ -3,6 +3,7 @@
 //! cannot be is charged alone instead of failing the claim. The claims themselves are prepared
 //! in `relay/statements.rs`, their SQL is in `relay/sql.rs`.
 
+use outbox_redis::cloudevents;
 use outbox_redis::encode::Event;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -92,6 +93,27 @@ pub struct Failure {
     pub error: String,
     /// Retrying cannot help (its text cannot be sent as UTF-8): it goes to `outbox_dead` now.
     pub permanent: bool,
+}
+
+/// Takes out of `events` those that cannot be written as CloudEvents (enqueued before
+/// `outbox.message_format` became `cloudevents`, or inserted by hand), as failures retrying
+/// cannot help: they go to `outbox_dead` with the reason, as unreadable text does.
+pub fn not_cloudevents(events: &mut Vec<Event>) -> Vec<Failure> {
+    let mut refused = Vec::new();
+    events.retain(|event| match cloudevents::problem(event) {
+        None => true,
+        Some(why) => {
+            refused.push(Failure {
+                id: event.id,
+                topic: event.topic.clone(),
+                attempts: event.attempts,
+                error: format!("not a CloudEvent: {why}"),
+                permanent: true,
+            });
+            false
+        }
+    });
+    refused
 }
 
 /// Runs the claim `statement` for up to `limit` events of `lanes` (past or up to `id`, for the
@@ -270,6 +292,25 @@ mod tests {
             blocked: blocked.to_vec(),
             ..Claimed::default()
         }
+    }
+
+    #[test]
+    fn events_that_cannot_be_cloudevents_fail_for_good() {
+        let mut events: Vec<Event> = (1..=4).map(|id| sample_event(id, "t")).collect();
+        events[1].headers = Some(r#"{"X-Tenant": "7"}"#.into());
+        events[2].headers = Some(r#"{"tenant": "7"}"#.into());
+        events[3].key = Some("a\nb".into());
+        let refused = not_cloudevents(&mut events);
+        let kept: Vec<i64> = events.iter().map(|e| e.id).collect();
+        assert_eq!(kept, [1, 3]);
+        let ids: Vec<i64> = refused.iter().map(|f| f.id).collect();
+        assert_eq!(ids, [2, 4]);
+        assert!(refused.iter().all(|f| f.permanent));
+        assert!(
+            refused[0].error.contains("X-Tenant"),
+            "{}",
+            refused[0].error
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use pgrx::prelude::*;
 
 use super::backoff::{self, Backoff};
 use super::claim::retry::RetrySchedule;
-use super::claim::{Claimed, Claimer, Claims, Failure, Scope};
+use super::claim::{not_cloudevents, Claimed, Claimer, Claims, Failure, Scope};
 use super::due_moves::DelayedMoves;
 use super::extension::Extension;
 use super::flush;
@@ -80,7 +80,10 @@ impl PassRun<'_> {
         let mut next = self.claim(chunk, &scope);
         while next.len() > 0 {
             let got = next.len();
-            let (mut events, unreadable) = progress.took(next);
+            let (mut events, mut unreadable) = progress.took(next);
+            if self.settings.target.format.cloudevents_source().is_some() {
+                unreadable.extend(not_cloudevents(&mut events));
+            }
             if !unreadable.is_empty() {
                 progress.freed(self.charge(unreadable));
             }
