@@ -21,47 +21,12 @@ const TOPICS: [&str; 3] = ["orders", "users", "payments"];
 /// Events enqueued with the CloudEvents shape in force.
 const EVENTS: i64 = 10_000;
 
-/// The Python of a virtual environment with the SDK, made once under `target/`.
+/// The Python of a virtual environment with the SDK, under `target/`.
 fn python_with_sdk() -> PathBuf {
-    let venv = repository().join("target/python/cloudevents");
-    let python = venv.join("bin/python");
-    let marker = venv.join("installed");
-    let requirements = repository().join("tests/cloudevents/requirements.txt");
-    if marker.exists() {
-        return python;
-    }
-    eprintln!(
-        "Installing the CloudEvents SDK for Python into {} (pip, from PyPI)",
-        venv.display()
-    );
-    let status = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .expect("cannot run python3");
-    assert!(
-        status.success(),
-        "python3 -m venv failed (on Debian: apt-get install python3-venv)"
-    );
-    let status = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-        ])
-        .arg(&requirements)
-        .status()
-        .expect("cannot run pip");
-    assert!(
-        status.success(),
-        "pip could not install {}",
-        requirements.display()
-    );
-    std::fs::write(&marker, "").unwrap();
-    python
+    common::python::venv(
+        &repository().join("target/python/cloudevents"),
+        &repository().join("tests/cloudevents/requirements.txt"),
+    )
 }
 
 /// The rows of `outbox`, by id: topic, payload, key, headers, created_at in microseconds since

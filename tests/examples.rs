@@ -329,67 +329,17 @@ fn examples() -> PathBuf {
     root().join("examples")
 }
 
-/// One client install at a time: two tests may need the same one.
-static INSTALLING: Mutex<()> = Mutex::new(());
-
-/// The Python of the example's virtual environment, target/examples/<example>/venv, made and
-/// given its requirements.txt unless it has them already.
+/// The Python of the example's virtual environment, target/examples/<example>/venv, with its
+/// requirements.txt.
 fn python_venv(example: &str) -> PathBuf {
-    let _installing = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
-    let requirements = examples().join(example).join("requirements.txt");
-    let wanted = fs::read_to_string(&requirements).expect("no requirements.txt");
-    let venv = root().join("target/examples").join(example).join("venv");
-    let python = venv.join("bin/python");
-    // A copy of the requirements installed, written once they are.
-    let installed = venv.join("installed-requirements.txt");
-    if fs::read_to_string(&installed).ok().as_deref() == Some(wanted.as_str()) {
-        return python;
-    }
-    say(format!(
-        "examples/{example}: installing {} into a virtual environment, {} (python3 -m venv, pip \
-         install -r; from PyPI)",
-        wanted
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .collect::<Vec<_>>()
-            .join(" "),
-        venv.display()
-    ));
-    let _ = fs::remove_dir_all(&venv);
-    let made = output(Command::new("python3").arg("-m").arg("venv").arg(&venv));
-    assert!(
-        made.status.success(),
-        "python3 -m venv {} failed (on Debian and Ubuntu it needs the package python3-venv, which \
-         scripts/setup.sh installs):\n{}",
-        venv.display(),
-        String::from_utf8_lossy(&made.stderr)
-    );
-    let pip = output(
-        Command::new(&python)
-            .args(["-m", "pip", "install", "--disable-pip-version-check"])
-            .args([
-                "--no-input",
-                "--quiet",
-                "--retries",
-                "2",
-                "--timeout",
-                "30",
-                "-r",
-            ])
-            .arg(&requirements)
-            // PyPI only: no folder of wheels outside the repository.
-            .env_remove("PIP_FIND_LINKS"),
-    );
-    assert!(
-        pip.status.success(),
-        "pip could not install examples/{example}/requirements.txt (does this machine reach \
-         PyPI?):\n{}{}",
-        String::from_utf8_lossy(&pip.stdout),
-        String::from_utf8_lossy(&pip.stderr)
-    );
-    fs::write(&installed, wanted).expect("cannot write installed-requirements.txt");
-    python
+    common::python::venv(
+        &root().join("target/examples").join(example).join("venv"),
+        &examples().join(example).join("requirements.txt"),
+    )
 }
+
+/// One `npm ci` at a time.
+static INSTALLING: Mutex<()> = Mutex::new(());
 
 /// `npm ci` in the example, unless its node_modules has its package-lock.json installed.
 fn npm_ci(example: &str) {

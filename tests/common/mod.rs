@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 pub use postgres::Client;
 
 pub mod proxy;
+pub mod python;
 pub mod redis_keys;
 pub mod sql;
 pub mod topology;
