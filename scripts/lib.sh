@@ -25,8 +25,10 @@ PG_NEXT="${OUTBOX_PG_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fetch-p
 # without installing anything system-wide.
 REDIS_NEXT="${OUTBOX_REDIS_NEXT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fetch-redis.sh}"
 # The integration tests that scripts/test.sh runs against each of those servers as well: the
-# exactly-once, topology (Cluster, Sentinel, TLS), ACL, outage, consumer and faults tests.
-REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes_and_outages faults)
+# exactly-once, topology (Cluster, Sentinel, TLS), ACL, outage, consumer, CloudEvents and faults
+# tests.
+REDIS_FACING_TESTS=(dedupe redis_servers consumer topologies redis_users crashes_and_outages
+  cloudevents faults)
 # The integration tests whose outcome depends on the PostgreSQL major: the SQL surface and its
 # privileges, the insert and the hooks, the worker's life, its crashes and its databases,
 # operations (views, redrive, pg_dump), upgrades. `make test` runs every integration test on the

@@ -225,6 +225,8 @@ fn a_cluster_failover_and_a_reshard_during_the_drain_lose_nothing() {
     );
 }
 
+/// A primary killed behind Sentinel while the relay drains, its entries CloudEvents: every event
+/// is on the new primary, once.
 #[test]
 fn a_primary_killed_behind_sentinel_mid_drain_loses_nothing() {
     let mut redis = Sentinels::start();
@@ -237,6 +239,8 @@ fn a_primary_killed_behind_sentinel_mid_drain_loses_nothing() {
         ("outbox.redis_timeout", "2s"),
         ("outbox.batch_size", "200"),
         ("outbox.poll_interval", "100ms"),
+        // The entries as CloudEvents: the same over a failover.
+        ("outbox.message_format", "cloudevents"),
     ]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
@@ -281,6 +285,18 @@ fn a_primary_killed_behind_sentinel_mid_drain_loses_nothing() {
     };
     let twice = check_streams(&expected, |stream| new_primary.ids(stream));
     assert_eq!(twice, 0, "an event was published twice over the failover");
+    let first: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg("t00")
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .query(&mut new_primary.conn().unwrap())
+        .unwrap();
+    assert!(
+        first[0].1.contains(&"ce_specversion".to_string()),
+        "{first:?}"
+    );
     let log = relay_log(&pg);
     eprintln!("the relay's log over the failover:\n{}", log.join("\n"));
 }
@@ -476,6 +492,7 @@ fn the_readme_minimal_cluster_user_publishes_with_and_without_dedupe() {
 /// three times per stream, for streams whose keys carry hash tags of their own, braces without
 /// a tag, and none. The killed batches were in Redis and unmarked, so the next worker publishes
 /// them again; only their markers, in their streams' slots, keep them from being added twice.
+/// The entries are CloudEvents (`outbox.message_format`).
 #[test]
 fn on_a_cluster_markers_absorb_the_batches_of_killed_workers() {
     let cluster = Cluster::start(3);
@@ -485,6 +502,8 @@ fn on_a_cluster_markers_absorb_the_batches_of_killed_workers() {
         ("outbox.redis_mode", "cluster"),
         ("outbox.batch_size", "100"),
         ("outbox.poll_interval", "100ms"),
+        // The entries as CloudEvents: the dedupe the same.
+        ("outbox.message_format", "cloudevents"),
     ]);
     pg.with_extension();
     pg.wait_for_workers(1);
@@ -503,6 +522,20 @@ fn on_a_cluster_markers_absorb_the_batches_of_killed_workers() {
     );
     let twice = check_streams(&expected, |s| cluster.ids(s));
     assert_eq!(twice, 0, "a killed worker's batch was added twice");
+    let first: Vec<(String, Vec<String>)> = cluster
+        .run(
+            redis::cmd("XRANGE")
+                .arg("plain")
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1),
+        )
+        .unwrap();
+    assert!(
+        first[0].1.contains(&"ce_specversion".to_string()),
+        "{first:?}"
+    );
 }
 
 /// A primary demoted under the relay (`SENTINEL FAILOVER`) answers its writes with READONLY:

@@ -90,6 +90,19 @@ pub fn claim_port(port: u16) -> bool {
         .insert(port)
 }
 
+/// The event id an entry's fields carry, in either shape: the field `id`, or a CloudEvent's
+/// `ce_id` (`<id>@<created_at>`).
+pub fn event_id<'a>(mut fields: impl Iterator<Item = (&'a str, &'a str)>) -> i64 {
+    let text = fields
+        .find_map(|(name, value)| match name {
+            "id" => Some(value),
+            "ce_id" => value.split_once('@').map(|(id, _)| id),
+            _ => None,
+        })
+        .expect("the entry has neither id nor ce_id");
+    text.parse().expect("the event id is not a number")
+}
+
 /// A port nobody listens on right now and this process has not handed out before.
 pub fn free_port() -> u16 {
     loop {
@@ -382,11 +395,11 @@ impl Redis {
         entries_of(self.query(redis::cmd("XRANGE").arg(stream).arg("-").arg("+")))
     }
 
-    /// The `id` field of every entry of a stream, in stream order.
+    /// The event id of every entry of a stream, in stream order (see [`event_id`]).
     pub fn ids(&self, stream: &str) -> Vec<i64> {
         self.entries(stream)
             .iter()
-            .map(|(_, f)| f["id"].parse().expect("id is not a number"))
+            .map(|(_, f)| event_id(f.iter().map(|(n, v)| (n.as_str(), v.as_str()))))
             .collect()
     }
 

@@ -133,7 +133,8 @@ impl Node {
     }
 }
 
-/// The `id` field of every entry of `stream`, in stream order, read over a connection from
+/// The event id of every entry of `stream` (`id`, or before the `@` of a CloudEvent's `ce_id`),
+/// in stream order, read over a connection from
 /// `connect`: a new one, up to five times, if a signal to the test process interrupted the
 /// socket read (EINTR), which says nothing about Redis (as `Redis::query` does).
 fn stream_ids<C: redis::ConnectionLike>(stream: &str, connect: impl Fn() -> C) -> Vec<i64> {
@@ -150,8 +151,10 @@ fn stream_ids<C: redis::ConnectionLike>(stream: &str, connect: impl Fn() -> C) -
     reply
         .into_iter()
         .map(|(_, flat)| {
-            let at = flat.iter().position(|f| f == "id").expect("no id field");
-            flat[at + 1].parse().expect("id is not a number")
+            let fields = flat
+                .chunks(2)
+                .map(|pair| (pair[0].as_str(), pair[1].as_str()));
+            super::event_id(fields)
         })
         .collect()
 }
