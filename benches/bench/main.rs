@@ -23,6 +23,7 @@ mod report;
 
 mod builds;
 mod charts;
+mod cloudevents;
 mod cluster;
 mod databases;
 mod history;
@@ -44,6 +45,7 @@ use report::Report;
 use write::{PGBENCH_SECONDS, WRITE_PAIRS, WRITE_REPS};
 
 use builds::builds;
+use cloudevents::cloudevents_against_fields;
 use cluster::cluster_relay;
 use databases::idle_databases;
 use history::history;
@@ -72,7 +74,7 @@ fn main() {
         .unwrap()
         .get(0);
 
-    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases,idmp,keys,builds runs a
+    // BENCH_ONLY=write,relay,latency,history,worker,soak,cluster,databases,idmp,cloudevents,keys,builds runs a
     // subset.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
@@ -109,6 +111,9 @@ fn main() {
     if wanted("idmp") {
         idmp_against_markers(&mut pg, &redis, &mut report);
     }
+    if wanted("cloudevents") {
+        cloudevents_against_fields(&mut pg, &redis, &mut report);
+    }
     // Only when named: it needs another build (OUTBOX_BENCH_OTHER) and restarts the server.
     if only.split(',').any(|p| p == "builds") {
         builds(&mut pg, &redis, &mut report);
@@ -142,7 +147,7 @@ fn main() {
         "# Benchmarks\n\n\
          What the outbox costs a writing transaction and how fast the relay publishes, each figure beside \
          a baseline measured in the same run. `make bench` writes this file (`BENCH_ONLY=relay make bench`, \
-         or `write`, `latency`, `history`, `worker`, `soak`, `cluster`, `databases`, `idmp`, `keys`, or one \
+         or `write`, `latency`, `history`, `worker`, `soak`, `cluster`, `databases`, `idmp`, `cloudevents`, `keys`, or one \
          of `keys-write`, `keys-trace`, `keys-workers`, `keys-held`, `keys-delayed`, `keys-spill`, \
          comma-separated, runs a subset; `builds`, run only when named, measures this build against another \
          that `OUTBOX_BENCH_OTHER` names). It reports; it never fails on a figure. Earlier runs are in \

@@ -145,7 +145,7 @@ impl Settings {
             self.dedupe_name,
             target.dedupe_ttl.as_secs(),
             match target.format.cloudevents_source() {
-                None => String::new(),
+                None => " message_format=fields".to_string(),
                 Some(source) => format!(" message_format=cloudevents cloudevents_source='{source}'"),
             },
         )
