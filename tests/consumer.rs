@@ -9,12 +9,11 @@
 //! Run against Redis 8 too: OUTBOX_TEST_REDIS_SERVER=/path/to/redis-server.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::printing::Printing;
 use common::{enqueue_many, kill_between_publish_and_mark, wait_until, Pg, Redis};
 use redis::Value;
 
@@ -297,58 +296,39 @@ fn consumer_binary() -> PathBuf {
 }
 
 /// A running consumer and the lines it printed.
-struct Run {
-    child: Child,
-    lines: Receiver<String>,
-    seen: Vec<String>,
-}
+struct Run(Printing);
 
 impl Run {
     fn start(binary: &Path, redis: &Redis, store: &str, name: &str, extra: &[&str]) -> Run {
-        let mut child = Command::new(binary)
-            .args(["--redis-url", &redis.url(), "--postgres", store])
-            .args(["--group", GROUP, "--consumer", name, "--count", "50"])
-            .args(["--block-ms", "200", "--min-idle-ms", "1000"])
-            .args(["--claim-every-ms", "500"])
-            .args(STREAMS.iter().flat_map(|stream| ["--stream", stream]))
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("cannot start outbox-consumer");
-        let stdout = child.stdout.take().expect("no stdout");
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Run {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
+        Run(Printing::spawn(
+            Command::new(binary)
+                .args(["--redis-url", &redis.url(), "--postgres", store])
+                .args(["--group", GROUP, "--consumer", name, "--count", "50"])
+                .args(["--block-ms", "200", "--min-idle-ms", "1000"])
+                .args(["--claim-every-ms", "500"])
+                .args(STREAMS.iter().flat_map(|stream| ["--stream", stream]))
+                .args(extra),
+        ))
     }
 
     /// Waits up to `timeout` for the lines printed to satisfy `done`; false if they did not
     /// before the timeout or the end of the process.
     fn wait_for(&mut self, timeout: Duration, done: impl Fn(&[String]) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
-        while !done(&self.seen) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return false,
+        while !done(&self.0.seen) {
+            if !self
+                .0
+                .read_one(deadline.saturating_duration_since(Instant::now()))
+            {
+                return false;
             }
         }
         true
     }
 
     /// SIGKILL; returns every line the consumer printed.
-    fn kill(mut self) -> Vec<String> {
-        self.child.kill().expect("cannot kill outbox-consumer");
-        self.finish()
+    fn kill(self) -> Vec<String> {
+        self.0.kill()
     }
 
     /// Waits for the consumer to exit, successfully; returns every line it printed.
@@ -356,28 +336,15 @@ impl Run {
         let mut status: Option<ExitStatus> = None;
         let exited = wait_until(timeout, || {
             status = self
+                .0
                 .child
                 .try_wait()
                 .expect("cannot wait for outbox-consumer");
             status.is_some()
         });
-        assert!(exited, "outbox-consumer did not exit: {:?}", self.seen);
+        assert!(exited, "outbox-consumer did not exit: {:?}", self.0.seen);
         assert!(status.is_some_and(|s| s.success()), "{status:?}");
-        self.finish()
-    }
-
-    fn finish(&mut self) -> Vec<String> {
-        let _ = self.child.wait();
-        // The reader thread ends at the end of the pipe.
-        self.seen.extend(self.lines.iter());
-        std::mem::take(&mut self.seen)
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.finish()
     }
 }
 

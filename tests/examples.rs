@@ -14,13 +14,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use common::printing::Printing;
 use common::sql::count;
 use common::{repository, wait_until, Pg, Redis};
 use redis::Value;
@@ -396,63 +396,35 @@ fn run(cmd: &mut Command) {
 /// A running consumer and the lines it printed. Its errors go to the test's output.
 struct Run {
     name: &'static str,
-    child: Child,
-    lines: Receiver<String>,
-    seen: Vec<String>,
+    out: Printing,
 }
 
 impl Run {
     fn start(mut cmd: Command, name: &'static str) -> Run {
-        let mut child = cmd
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let stdout = child.stdout.take().expect("no stdout");
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         Run {
             name,
-            child,
-            lines,
-            seen: Vec::new(),
+            out: Printing::spawn(cmd.env("PYTHONDONTWRITEBYTECODE", "1")),
         }
     }
 
     /// Waits for `done`, given the lines printed so far; fails if the consumer exits first.
     fn wait_for(&mut self, what: &str, mut done: impl FnMut(&[String]) -> bool) {
+        let out = &mut self.out;
         let held = wait_until(PATIENCE, || {
-            let exited = self.child.try_wait().expect("cannot wait for the consumer");
-            self.seen.extend(self.lines.try_iter());
+            let exited = out.child.try_wait().expect("cannot wait for the consumer");
+            out.read();
             if let Some(status) = exited {
-                panic!("{} exited ({status}): {:?}", self.name, self.seen);
+                panic!("{} exited ({status}): {:?}", self.name, out.seen);
             }
-            done(&self.seen)
+            done(&out.seen)
         });
-        self.seen.extend(self.lines.try_iter());
-        assert!(held, "{what}: not after {PATIENCE:?}: {:?}", self.seen);
+        self.out.read();
+        assert!(held, "{what}: not after {PATIENCE:?}: {:?}", self.out.seen);
     }
 
     /// SIGKILL; returns every line the consumer printed.
-    fn kill(mut self) -> Vec<String> {
-        self.child.kill().expect("cannot kill the consumer");
-        let _ = self.child.wait();
-        // The reader thread ends at the end of the pipe.
-        self.seen.extend(self.lines.iter());
-        std::mem::take(&mut self.seen)
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn kill(self) -> Vec<String> {
+        self.out.kill()
     }
 }
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 pub use postgres::Client;
 
+pub mod printing;
 pub mod proxy;
 pub mod python;
 pub mod redis_keys;
