@@ -85,7 +85,11 @@ fn enqueue(client: &mut Client, from: i64, to: i64, comment: &str) {
 fn entries_are_cloudevents_the_sdk_reads_and_the_switch_loses_nothing() {
     let python = python_with_sdk();
     let redis = Redis::start();
-    let mut pg = Pg::relaying_to(&redis, &[("outbox.workers", "2")]);
+    // Redis is paused for a moment below: no timeout meanwhile.
+    let mut pg = Pg::relaying_to(
+        &redis,
+        &[("outbox.workers", "2"), ("outbox.redis_timeout", "30s")],
+    );
     let mut client = pg.with_extension();
     pg.wait_for_workers(2);
     let system_identifier: i64 = client
@@ -109,7 +113,14 @@ fn entries_are_cloudevents_the_sdk_reads_and_the_switch_loses_nothing() {
     ) == 500));
     redis.pause();
     enqueue(&mut client, 501, 501, "");
-    std::thread::sleep(Duration::from_millis(300));
+    // Its chunk in flight (sent, Redis not answering): the worker is publishing.
+    assert!(
+        wait_until(Duration::from_secs(4), || {
+            let state = "SELECT count(*) FROM outbox_workers WHERE state = 'publishing'";
+            client.query_one(state, &[]).unwrap().get::<_, i64>(0) == 1
+        }),
+        "no worker took event 501"
+    );
     enqueue(&mut client, 502, 1_000, "");
     pg.set(&[("outbox.message_format", "cloudevents")]);
     std::thread::sleep(Duration::from_millis(500));
