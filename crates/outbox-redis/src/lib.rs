@@ -16,6 +16,8 @@
 //! - `one_by_one`: a key's order in a chunk sent again event by event.
 //! - `server`: what the servers can do (IDMP, `ACKED` trimming), from `INFO`, and so how the
 //!   relay deduplicates.
+//! - `doubt`: the events sent in a transaction that did not commit, and how each went, so that
+//!   each goes again the same way.
 //! - `scripts`: the markers' Lua script, called by SHA1 or whole.
 //! - `idmp`: deduplication by Redis itself: producers, identities, the streams' windows.
 //! - `link`: the link per mode (one server, Sentinel, Cluster; TLS), and its pipelines.
@@ -26,6 +28,7 @@
 
 pub mod cloudevents;
 mod connection;
+mod doubt;
 pub mod encode;
 pub mod error;
 pub mod idmp;

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::connection::{self, Connection};
+use crate::doubt::Doubt;
 use crate::encode::Event;
 use crate::error::Error;
 use crate::outcome::{Markers, Outcome};
@@ -167,12 +168,9 @@ struct RedisSide {
     connection: Option<Connection>,
     /// Markers of chunks whose transaction has not ended yet.
     in_flight: Vec<Markers>,
-    /// How the chunks sent since the last commit were deduplicated: a rolled-back transaction's
-    /// events go again, the same way (see `server::choose_with_doubt`).
-    in_doubt: Option<InUse>,
-    /// Whether a chunk was sent since the transaction's start: only the commit of one that
-    /// sent some settles what is in doubt.
-    sent_since_end: bool,
+    /// The events a transaction that did not commit sent, and how: each goes again the same
+    /// way (see `doubt.rs`).
+    doubt: Doubt,
     /// Markers of committed batches whose commit may not be durable yet.
     unflushed: Unflushed,
     /// Markers of committed batches, to delete.
@@ -190,8 +188,7 @@ impl RedisSide {
             target,
             connection: None,
             in_flight: Vec::new(),
-            in_doubt: None,
-            sent_since_end: false,
+            doubt: Doubt::default(),
             unflushed: Unflushed::default(),
             committed: Vec::new(),
             cleanup_failed: false,
@@ -214,11 +211,9 @@ impl RedisSide {
                     }
                 }
                 Ok(Command::Committed(lsn)) => {
-                    if std::mem::take(&mut self.sent_since_end) {
-                        self.in_doubt = None;
-                    }
-                    let markers = std::mem::take(&mut self.in_flight);
                     let now = Instant::now();
+                    self.doubt.committed(now, self.target.dedupe_ttl);
+                    let markers = std::mem::take(&mut self.in_flight);
                     self.unflushed.committed(lsn, now, markers);
                     self.unflushed.expire(now, self.target.dedupe_ttl);
                     self.release_flushed();
@@ -229,7 +224,8 @@ impl RedisSide {
                 }
                 Ok(Command::RolledBack) => {
                     self.in_flight.clear();
-                    self.sent_since_end = false;
+                    self.doubt
+                        .rolled_back(Instant::now(), self.target.dedupe_ttl);
                 }
                 Err(RecvTimeoutError::Timeout) => self.clean_up(),
                 Err(RecvTimeoutError::Disconnected) => return,
@@ -242,13 +238,12 @@ impl RedisSide {
             target: &self.target,
             events: &events,
             cleanup: &self.committed,
-            in_doubt: self.in_doubt,
+            in_doubt: self.doubt.way_for(&events),
             sent_as: Cell::new(None),
         };
         let result = connection::publish(&mut self.connection, &chunk);
         if let Some(way) = chunk.sent_as.get() {
-            self.in_doubt = Some(way);
-            self.sent_since_end = true;
+            self.doubt.sent(&events, way);
         }
         if let Some(connection) = &self.connection {
             if let Ok(mut found) = self.found.lock() {
@@ -264,6 +259,7 @@ impl RedisSide {
             Ok(answer) => {
                 self.committed.clear();
                 self.cleanup_failed = false;
+                self.doubt.answered(&events, &answer.results);
                 self.in_flight.extend(answer.markers);
                 Reply::Answered(answer.results, events)
             }
@@ -282,7 +278,7 @@ impl RedisSide {
             target: &self.target,
             events: &[],
             cleanup: &self.committed,
-            in_doubt: self.in_doubt,
+            in_doubt: None,
             sent_as: Cell::new(None),
         };
         match connection::send(&mut self.connection, &chunk) {

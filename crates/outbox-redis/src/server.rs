@@ -117,11 +117,11 @@ pub fn choose(setting: Dedupe, features: &Features) -> Result<InUse, Error> {
     }
 }
 
-/// How to deduplicate the next chunk: as [`choose`] says, unless events sent another way since
-/// the last commit are in doubt (a chunk whose transaction rolled back, after a broken link,
-/// goes again): markers and IDMP do not see each other's record, so those go the way they went,
-/// and the switch waits for the commit after them. Markers always can; IDMP can unless the
-/// servers are known to lack it (a reconnect whose `INFO` failed does not know).
+/// How to deduplicate the next chunk: as [`choose`] says, unless some of its events are in doubt,
+/// sent another way in a transaction that did not commit (a chunk whose reply was lost when
+/// Redis restarted, say): markers and IDMP do not see each other's record, so the chunk goes the
+/// way they went (see `doubt.rs`). Markers always can; IDMP can unless the servers are known to
+/// lack it (a reconnect whose `INFO` failed does not know).
 pub fn choose_with_doubt(
     setting: Dedupe,
     features: &Features,
@@ -153,7 +153,7 @@ mod tests {
             choose_with_doubt(Dedupe::Auto, &upgraded, None),
             Ok(InUse::Idmp)
         );
-        // Upgraded under a chunk sent with markers: markers until the commit.
+        // Upgraded under a chunk sent with markers: markers for its events.
         assert_eq!(
             choose_with_doubt(Dedupe::Auto, &upgraded, markers),
             Ok(InUse::Markers)
@@ -162,7 +162,7 @@ mod tests {
             choose_with_doubt(Dedupe::Idmp, &upgraded, markers),
             Ok(InUse::Markers)
         );
-        // Switched to markers by a reload under a chunk sent with IDMP: IDMP until the commit.
+        // Switched to markers by a reload under a chunk sent with IDMP: IDMP for its events.
         assert_eq!(
             choose_with_doubt(Dedupe::Markers, &upgraded, idmp),
             Ok(InUse::Idmp)

@@ -33,7 +33,7 @@ pub struct Chunk<'a> {
     pub events: &'a [Event],
     /// Markers of batches whose transaction has committed, deleted on the way.
     pub cleanup: &'a [Markers],
-    /// How the chunks sent since the last commit were deduplicated (see
+    /// How the chunk's events that are in doubt went, if any are (see `doubt.rs` and
     /// [`crate::server::choose_with_doubt`]).
     pub in_doubt: Option<InUse>,
     /// How this chunk was deduplicated, once it was sent (or may have been).
