@@ -193,10 +193,10 @@ fn the_readme_redis_user_for_idmp_publishes_with_idmp() {
 /// Redis upgraded in place to a server with IDMP while a chunk is in doubt: the relay sent it
 /// with markers, Redis ran it (and kept it, `appendfsync always`), and the reply never came back
 /// (the proxy swallowed it) before the old server was killed. On the new server `auto` would
-/// choose IDMP, which does not see the markers: the chunk goes again with markers, and the
-/// switch to IDMP waits for the commit after it. Every event is in its stream once. Needs a
-/// server with IDMP as `OUTBOX_TEST_REDIS_SERVER` (the upgrade's target) and Debian's Redis
-/// 7.0 as `redis-server` (its source); the other runs of the matrix say so and pass.
+/// choose IDMP, which does not see the markers: the chunk goes again with markers, and IDMP
+/// waits until a commit has put its events in the stream. Every event is in its stream once.
+/// Needs a server with IDMP as `OUTBOX_TEST_REDIS_SERVER` (the upgrade's target) and Debian's
+/// Redis 7.0 as `redis-server` (its source); the other runs of the matrix say so and pass.
 #[test]
 fn an_upgrade_to_idmp_with_a_chunk_in_doubt_publishes_it_once() {
     let Some(target) = common::idmp_upgrade_target() else {
@@ -357,8 +357,9 @@ fn a_chunk_in_doubt(
 
 /// `outbox.dedupe` switched from IDMP to markers by a reload while a chunk sent with IDMP is in
 /// doubt (Redis ran it, the proxy swallowed the reply): markers would not see IDMP's record, so
-/// the chunk goes again with IDMP, and the switch waits for the commit after it. Every event is
-/// in its stream once. Needs a server with IDMP; on the others the test says so and passes.
+/// the chunk goes again with IDMP, and markers wait until a commit has put its events in the
+/// stream. Every event is in its stream once. Needs a server with IDMP; on the others the test
+/// says so and passes.
 #[test]
 fn a_reload_to_markers_with_an_idmp_chunk_in_doubt_publishes_it_once() {
     let Some((redis, proxy, mut pg, mut client, mut ids)) = a_chunk_in_doubt("switched", "auto")
