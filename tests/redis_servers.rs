@@ -199,57 +199,7 @@ fn the_readme_redis_user_for_idmp_publishes_with_idmp() {
 /// Redis 7.0 as `redis-server` (its source); the other runs of the matrix say so and pass.
 #[test]
 fn an_upgrade_to_idmp_with_a_chunk_in_doubt_publishes_it_once() {
-    let Some(target) = common::idmp_upgrade_target() else {
-        eprintln!(
-            "not run: needs redis-server without IDMP and OUTBOX_TEST_REDIS_SERVER ({}) with it",
-            common::redis_server()
-        );
-        return;
-    };
-    let mut redis = Redis::start_program(
-        "redis-server",
-        &["--appendonly", "yes", "--appendfsync", "always"],
-    );
-    let proxy = common::proxy::Proxy::start(redis.port);
-    let url = proxy.url();
-    let pg = Pg::start(&[
-        ("outbox.redis_url", url.as_str()),
-        ("outbox.redis_timeout", "2s"),
-        ("outbox.poll_interval", "100ms"),
-    ]);
-    let mut client = pg.with_extension();
-    pg.wait_for_workers(1);
-    let mut ids = enqueue_many(&mut client, "upgraded", 1);
-    assert!(wait_until(Duration::from_secs(10), || redis
-        .xlen("upgraded")
-        == 1));
-    assert_eq!(dedupe_shown(&pg).as_deref(), Some("markers"));
-
-    proxy.swallow_replies(true);
-    ids.extend(enqueue_many(&mut client, "upgraded", 40));
-    assert!(
-        wait_until(Duration::from_secs(10), || redis.xlen("upgraded") == 41),
-        "the chunk did not reach Redis"
-    );
-    redis.upgrade_to(&target);
-    proxy.swallow_replies(false);
-    assert!(
-        wait_until(Duration::from_secs(30), || pg.pending() == 0),
-        "the chunk was not published again after the upgrade"
-    );
-    ids.extend(enqueue_many(&mut client, "upgraded", 5));
-    assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
-    assert_eq!(
-        redis.ids("upgraded"),
-        ids,
-        "the chunk in doubt went out twice"
-    );
-    assert!(
-        wait_until(Duration::from_secs(10), || dedupe_shown(&pg).as_deref()
-            == Some("idmp")),
-        "the relay did not switch to IDMP after the commit: {:?}",
-        dedupe_shown(&pg)
-    );
+    upgrade_under_a_chunk_in_doubt("upgraded", |_, _| {});
 }
 
 /// As above, but the first pass on the new server sends only part of the chunk in doubt again:
@@ -259,6 +209,27 @@ fn an_upgrade_to_idmp_with_a_chunk_in_doubt_publishes_it_once() {
 /// which cannot see what markers recorded on the old server. Needs what the test above needs.
 #[test]
 fn an_upgrade_to_idmp_with_a_chunk_in_doubt_larger_than_the_next_batch_publishes_it_once() {
+    upgrade_under_a_chunk_in_doubt("shrunk", |redis, pg| {
+        redis.stop();
+        assert!(
+            wait_until(Duration::from_secs(20), || pg.log().contains("lost Redis")),
+            "the relay did not notice that Redis was gone"
+        );
+        pg.set(&[("outbox.batch_size", "10")]);
+        assert!(wait_until(Duration::from_secs(20), || {
+            pg.log()
+                .lines()
+                .any(|l| l.contains("reloaded") && l.contains("batch_size=10 "))
+        }));
+    });
+}
+
+/// Redis 7.0, keeping what it acknowledged, behind a proxy; a relay on it through the proxy, with
+/// one event of `stream` published with markers, then a chunk of 40 in doubt: Redis ran it and
+/// the proxy swallows the replies. Then `meanwhile`, Redis upgraded in place to the server with
+/// IDMP, and the replies let through again: every event is in its stream once, and the relay
+/// ends up on IDMP. Where the servers cannot show it, says so and returns.
+fn upgrade_under_a_chunk_in_doubt(stream: &str, meanwhile: impl FnOnce(&mut Redis, &mut Pg)) {
     let Some(target) = common::idmp_upgrade_target() else {
         eprintln!(
             "not run: needs redis-server without IDMP and OUTBOX_TEST_REDIS_SERVER ({}) with it",
@@ -279,40 +250,26 @@ fn an_upgrade_to_idmp_with_a_chunk_in_doubt_larger_than_the_next_batch_publishes
     ]);
     let mut client = pg.with_extension();
     pg.wait_for_workers(1);
-    let mut ids = enqueue_many(&mut client, "shrunk", 1);
-    assert!(wait_until(Duration::from_secs(10), || redis.xlen("shrunk") == 1));
+    let mut ids = enqueue_many(&mut client, stream, 1);
+    assert!(wait_until(Duration::from_secs(10), || redis.xlen(stream) == 1));
     assert_eq!(dedupe_shown(&pg).as_deref(), Some("markers"));
 
     proxy.swallow_replies(true);
-    ids.extend(enqueue_many(&mut client, "shrunk", 40));
+    ids.extend(enqueue_many(&mut client, stream, 40));
     assert!(
-        wait_until(Duration::from_secs(10), || redis.xlen("shrunk") == 41),
+        wait_until(Duration::from_secs(10), || redis.xlen(stream) == 41),
         "the chunk did not reach Redis"
     );
-    redis.stop();
-    assert!(
-        wait_until(Duration::from_secs(20), || pg.log().contains("lost Redis")),
-        "the relay did not notice that Redis was gone"
-    );
-    pg.set(&[("outbox.batch_size", "10")]);
-    assert!(wait_until(Duration::from_secs(20), || {
-        pg.log()
-            .lines()
-            .any(|l| l.contains("reloaded") && l.contains("batch_size=10 "))
-    }));
-    proxy.swallow_replies(false);
+    meanwhile(&mut redis, &mut pg);
     redis.upgrade_to(&target);
+    proxy.swallow_replies(false);
     assert!(
         wait_until(Duration::from_secs(30), || pg.pending() == 0),
         "the chunk was not published again after the upgrade"
     );
-    ids.extend(enqueue_many(&mut client, "shrunk", 5));
+    ids.extend(enqueue_many(&mut client, stream, 5));
     assert!(wait_until(Duration::from_secs(10), || pg.pending() == 0));
-    assert_eq!(
-        redis.ids("shrunk"),
-        ids,
-        "the chunk in doubt went out twice"
-    );
+    assert_eq!(redis.ids(stream), ids, "the chunk in doubt went out twice");
     assert!(
         wait_until(Duration::from_secs(10), || dedupe_shown(&pg).as_deref()
             == Some("idmp")),
