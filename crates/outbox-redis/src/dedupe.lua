@@ -174,7 +174,7 @@ for r = 1, runs do
       key = ARGV[field_at]
       field_at = field_at + 1
     end
-    if shape == HEADERS and ce or shape == BOTH and ce then
+    if ce and (shape == HEADERS or shape == BOTH) then
       attributes = field_at
       field_at = field_at + 1 + 2 * tonumber(ARGV[field_at])
     elseif shape == HEADERS or shape == BOTH then
